@@ -1,0 +1,1 @@
+//! Control-socket protocol (work in progress).

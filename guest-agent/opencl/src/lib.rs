@@ -1,0 +1,1 @@
+//! OpenCL interposition library (work in progress).

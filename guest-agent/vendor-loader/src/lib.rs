@@ -1,0 +1,1 @@
+//! Loading and complete unloading of a vendor OpenCL library (work in progress).
