@@ -1,0 +1,1 @@
+//! Image builders (work in progress).
