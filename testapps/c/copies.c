@@ -39,7 +39,7 @@ static void rect_copy(unsigned char *dst, const size_t dorg[3], size_t drp, size
 int main(int argc, char **argv)
 {
     g_prog = "copies";
-    int iters = parse_iters(argc, argv, 2000);
+    int iters = parse_iters(argc, argv, 12000);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
@@ -148,7 +148,7 @@ int main(int argc, char **argv)
             if (memcmp(tmp, hy, BYTES) != 0)
                 fail("Y differs from host mirror");
         }
-        if (it % 1000 == 999)
+        if (it % 3000 == 2999)
             printf("copies: iteration %d\n", it + 1);
     }
     printf("copies: host mirror matches\n");

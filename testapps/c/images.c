@@ -62,7 +62,7 @@ static cl_mem make_image(cl_context ctx, cl_mem_flags flags, cl_channel_type t, 
 int main(int argc, char **argv)
 {
     g_prog = "images";
-    int iters = parse_iters(argc, argv, 1200);
+    int iters = parse_iters(argc, argv, 3600);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);

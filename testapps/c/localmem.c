@@ -60,7 +60,7 @@ static size_t kernel_wg(cl_kernel k, cl_device_id dev)
 int main(int argc, char **argv)
 {
     g_prog = "localmem";
-    int iters = parse_iters(argc, argv, 2000);
+    int iters = parse_iters(argc, argv, 4000);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);

@@ -48,7 +48,7 @@ static void check(const void *dev, const void *host, size_t n, const char *what)
 int main(int argc, char **argv)
 {
     g_prog = "maps";
-    int iters = parse_iters(argc, argv, 2000);
+    int iters = parse_iters(argc, argv, 7000);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);

@@ -39,7 +39,7 @@ static void set_stage(cl_kernel k, cl_mem in, cl_mem out, cl_uint salt)
 int main(int argc, char **argv)
 {
     g_prog = "multictx";
-    int iters = parse_iters(argc, argv, 1500);
+    int iters = parse_iters(argc, argv, 3000);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);

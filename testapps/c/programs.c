@@ -171,7 +171,7 @@ static void host_pipeline(const uint32_t *in, uint32_t *out, uint32_t mul, uint3
 int main(int argc, char **argv)
 {
     g_prog = "programs";
-    int iters = parse_iters(argc, argv, 800);
+    int iters = parse_iters(argc, argv, 2400);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
@@ -334,7 +334,7 @@ int main(int argc, char **argv)
             kb.combine = make_kernel(pb, "combine");
             rebuilds++;
         }
-        if (it % 200 == 199)
+        if (it % 500 == 499)
             printf("programs: iteration %d\n", it + 1);
     }
     CK(clFinish(q));

@@ -68,7 +68,7 @@ static void host_scale(uint32_t *buf, uint32_t count, uint32_t mul)
 int main(int argc, char **argv)
 {
     g_prog = "subbuffers";
-    int iters = parse_iters(argc, argv, 2500);
+    int iters = parse_iters(argc, argv, 18000);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
@@ -165,7 +165,7 @@ int main(int argc, char **argv)
             if (memcmp(tmp, mirror, total) != 0)
                 fail("parent differs from host mirror");
         }
-        if (it % 1000 == 999)
+        if (it % 3000 == 2999)
             printf("subbuffers: iteration %d\n", it + 1);
     }
 

@@ -48,7 +48,7 @@ static void *svm_alloc(cl_context ctx, size_t size)
 int main(int argc, char **argv)
 {
     g_prog = "svm";
-    int iters = parse_iters(argc, argv, 1000);
+    int iters = parse_iters(argc, argv, 10000);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
@@ -162,7 +162,7 @@ int main(int argc, char **argv)
             CK(clEnqueueSVMFree(q, 1, fl, NULL, NULL, 0, NULL, NULL));
         }
         CK(clFlush(q));
-        if (it % 250 == 249)
+        if (it % 2500 == 2499)
             printf("svm: iteration %d\n", it + 1);
     }
     CK(clFinish(q));
