@@ -1,0 +1,113 @@
+//! Which of the threads that vendor code started are still running.
+//!
+//! A thread counts as the same thread only if both its tid and its start
+//! time (field 22 of `/proc/self/task/<tid>/stat`) match, so a tid the
+//! kernel has handed to a newer thread is not mistaken for a vendor thread.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::tracker::{self, Task};
+
+/// A thread started by vendor code that is still running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VendorThread {
+    /// The kernel's id of the thread; `None` for a thread that has been
+    /// created but has not run its first instruction yet.
+    pub tid: Option<libc::pid_t>,
+    /// The thread's name (`comm`), if it could be read.
+    pub name: Option<String>,
+    /// The library that holds the thread's start routine.
+    pub start_library: Option<PathBuf>,
+}
+
+/// The calling thread, as the kernel identifies it.
+pub(crate) fn current_task() -> Option<Task> {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    Some(Task {
+        tid,
+        start_time: start_time(&stat)?,
+    })
+}
+
+/// Field 22 (starttime) of a `stat` line. The second field, the command
+/// name in parentheses, may itself contain spaces and parentheses, so the
+/// fields are counted from the last `)`.
+fn start_time(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Fields 3.. follow the name; starttime is field 22, the 20th of them.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn is_running(task: Task) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{}/stat", task.tid))
+        .ok()
+        .and_then(|stat| start_time(&stat))
+        == Some(task.start_time)
+}
+
+fn thread_name(tid: libc::pid_t) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .ok()
+        .map(|name| name.trim_end().to_owned())
+}
+
+/// The threads started by vendor code (through its `pthread_create`) that
+/// are still running, over every vendor library loaded so far.
+pub fn vendor_threads_alive() -> Vec<VendorThread> {
+    let entries = tracker::lock().threads.clone();
+    let mut alive = Vec::new();
+    let mut ended = Vec::new();
+    for entry in entries {
+        match entry.task {
+            Some(task) if !is_running(task) => ended.push(entry.serial),
+            task => alive.push(VendorThread {
+                tid: task.map(|t| t.tid),
+                name: task.and_then(|t| thread_name(t.tid)),
+                start_library: entry.start_object.map(|o| o.path),
+            }),
+        }
+    }
+    if !ended.is_empty() {
+        tracker::lock()
+            .threads
+            .retain(|t| !ended.contains(&t.serial));
+    }
+    alive
+}
+
+/// Waits until no vendor thread runs or `timeout` has passed; returns those
+/// still running.
+pub(crate) fn wait_for_vendor_threads(timeout: Duration) -> Vec<VendorThread> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let alive = vendor_threads_alive();
+        if alive.is_empty() || Instant::now() >= deadline {
+            return alive;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_is_read_past_a_name_with_spaces_and_parentheses() {
+        let stat = "4242 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 19 20";
+        assert_eq!(start_time(stat), Some(987654));
+    }
+
+    #[test]
+    fn the_current_thread_is_running_and_a_changed_start_time_is_not() {
+        let task = current_task().expect("procfs is mounted");
+        assert!(is_running(task));
+        assert!(!is_running(Task {
+            start_time: task.start_time + 1,
+            ..task
+        }));
+    }
+}
