@@ -1,0 +1,385 @@
+//! Assembles an initramfs from files of the [`Sysroot`] (with the shared libraries every
+//! ELF program needs, found the way the dynamic loader finds them), kernel modules (with
+//! the modules they depend on), files from the build machine and generated text.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+
+use crate::cpio;
+use crate::store::{Node, StoreError, Sysroot, normalize};
+
+/// Directories the dynamic loader searches when a program names no run path (Debian's
+/// multiarch layout; see ld.so(8)).
+const DEFAULT_LIBRARY_DIRS: &[&str] = &[
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib",
+    "/usr/lib",
+    "/lib64",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum InitramfsError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid ELF file: {source}")]
+    Elf {
+        path: String,
+        source: goblin::error::Error,
+    },
+    #[error(
+        "{needed_by} needs {library}, which no locked package provides; add the package \
+         that ships it to the image's packages and run `cargo xtask testbed lock`"
+    )]
+    MissingLibrary { library: String, needed_by: String },
+    #[error("kernel module {0} is not in the locked kernel package")]
+    MissingModule(String),
+    #[error("the locked packages contain no kernel modules under /lib/modules")]
+    NoKernel,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InitramfsError + '_ {
+    move |source| InitramfsError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+enum Content {
+    Dir,
+    File { data: FileData, mode: u32 },
+    Symlink(String),
+}
+
+enum FileData {
+    Path(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// The file tree of one initramfs under construction.
+pub struct Initramfs<'s> {
+    sysroot: &'s Sysroot,
+    entries: BTreeMap<PathBuf, Content>,
+    packages_used: BTreeSet<String>,
+    elf_done: BTreeSet<PathBuf>,
+}
+
+impl<'s> Initramfs<'s> {
+    pub fn new(sysroot: &'s Sysroot) -> Self {
+        Self {
+            sysroot,
+            entries: BTreeMap::new(),
+            packages_used: BTreeSet::new(),
+            elf_done: BTreeSet::new(),
+        }
+    }
+
+    /// Names of the locked packages that supplied at least one file.
+    pub fn packages_used(&self) -> &BTreeSet<String> {
+        &self.packages_used
+    }
+
+    pub fn dir(&mut self, path: impl AsRef<Path>) -> &mut Self {
+        self.entries.insert(normalize(path.as_ref()), Content::Dir);
+        self
+    }
+
+    pub fn bytes(
+        &mut self,
+        path: impl AsRef<Path>,
+        data: impl Into<Vec<u8>>,
+        mode: u32,
+    ) -> &mut Self {
+        self.entries.insert(
+            normalize(path.as_ref()),
+            Content::File {
+                data: FileData::Bytes(data.into()),
+                mode,
+            },
+        );
+        self
+    }
+
+    pub fn symlink(&mut self, path: impl AsRef<Path>, target: &str) -> &mut Self {
+        self.entries.insert(
+            normalize(path.as_ref()),
+            Content::Symlink(target.to_owned()),
+        );
+        self
+    }
+
+    /// Copies an installed path (following and recreating its symlinks); ELF files bring
+    /// their interpreter and shared libraries, directories their whole contents.
+    pub fn from_sysroot(&mut self, path: impl AsRef<Path>) -> Result<&mut Self, InitramfsError> {
+        let (links, target) = self.sysroot.resolve(path.as_ref())?;
+        for link in links {
+            let entry = self
+                .sysroot
+                .entry(&link)
+                .expect("resolve returned an indexed link");
+            if let Node::Symlink { target } = &entry.node {
+                self.packages_used.insert(entry.package.clone());
+                let target = target.display().to_string();
+                self.symlink(&link, &target);
+            }
+        }
+        let entry = self
+            .sysroot
+            .entry(&target)
+            .expect("resolve returned an indexed path");
+        self.packages_used.insert(entry.package.clone());
+        match entry.node.clone() {
+            Node::Dir => {
+                let children: Vec<PathBuf> = self
+                    .sysroot
+                    .walk(&target)
+                    .filter(|(p, _)| p.parent() == Some(target.as_path()))
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                self.dir(&target);
+                for child in children {
+                    self.from_sysroot(child)?;
+                }
+            }
+            Node::File { source, mode } => {
+                self.entries.insert(
+                    target.clone(),
+                    Content::File {
+                        data: FileData::Path(source.clone()),
+                        mode,
+                    },
+                );
+                self.add_elf_dependencies(&target, &source)?;
+            }
+            Node::Symlink { .. } => unreachable!("resolve follows every symlink"),
+        }
+        Ok(self)
+    }
+
+    /// Copies a file of the build machine to `dest`; an ELF program brings its shared
+    /// libraries from the sysroot (not from the build machine), so the image only holds
+    /// locked files besides the ones named here.
+    pub fn host_file(
+        &mut self,
+        source: &Path,
+        dest: impl AsRef<Path>,
+        mode: u32,
+    ) -> Result<&mut Self, InitramfsError> {
+        let dest = normalize(dest.as_ref());
+        if !source.is_file() {
+            return Err(InitramfsError::Io {
+                path: source.display().to_string(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a file"),
+            });
+        }
+        self.entries.insert(
+            dest.clone(),
+            Content::File {
+                data: FileData::Path(source.to_path_buf()),
+                mode,
+            },
+        );
+        self.add_elf_dependencies(&dest, source)?;
+        Ok(self)
+    }
+
+    fn add_elf_dependencies(
+        &mut self,
+        installed: &Path,
+        source: &Path,
+    ) -> Result<(), InitramfsError> {
+        if !self.elf_done.insert(installed.to_path_buf()) {
+            return Ok(());
+        }
+        let data = std::fs::read(source).map_err(io_err(source))?;
+        if !data.starts_with(b"\x7fELF") {
+            return Ok(());
+        }
+        let elf = goblin::elf::Elf::parse(&data).map_err(|e| InitramfsError::Elf {
+            path: source.display().to_string(),
+            source: e,
+        })?;
+        if let Some(interpreter) = elf.interpreter {
+            self.from_sysroot(interpreter)?;
+        }
+        let origin = installed
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .display()
+            .to_string();
+        let run_paths: Vec<String> = elf
+            .runpaths
+            .iter()
+            .chain(elf.rpaths.iter())
+            .flat_map(|p| p.split(':'))
+            .map(|p| p.replace("$ORIGIN", &origin).replace("${ORIGIN}", &origin))
+            .collect();
+        let libraries: Vec<String> = elf.libraries.iter().map(|s| (*s).to_owned()).collect();
+        for library in libraries {
+            let found = run_paths
+                .iter()
+                .map(String::as_str)
+                .chain(DEFAULT_LIBRARY_DIRS.iter().copied())
+                .map(|dir| Path::new(dir).join(&library))
+                .find(|candidate| self.sysroot.resolve(candidate).is_ok());
+            match found {
+                Some(path) => {
+                    self.from_sysroot(path)?;
+                }
+                None => {
+                    return Err(InitramfsError::MissingLibrary {
+                        library,
+                        needed_by: installed.display().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel release whose modules the sysroot holds (the single directory under
+    /// /lib/modules).
+    pub fn kernel_release(&self) -> Result<String, InitramfsError> {
+        self.sysroot
+            .walk(Path::new("/lib/modules"))
+            .find_map(|(p, _)| {
+                let rest = p.strip_prefix("/lib/modules").ok()?;
+                (rest.components().count() == 1).then(|| rest.display().to_string())
+            })
+            .ok_or(InitramfsError::NoKernel)
+    }
+
+    /// Adds kernel modules and those they depend on (read from each module's
+    /// `.modinfo`, since Debian's package ships no modules.dep). Returns the installed
+    /// paths in an order `insmod` can load them in.
+    pub fn modules(&mut self, names: &[&str]) -> Result<Vec<PathBuf>, InitramfsError> {
+        let release = self.kernel_release()?;
+        let base = PathBuf::from("/lib/modules").join(&release);
+        let index: BTreeMap<String, PathBuf> = self
+            .sysroot
+            .walk(&base)
+            .filter_map(|(p, _)| {
+                let file = p.file_name()?.to_str()?;
+                let name = file.strip_suffix(".ko")?;
+                Some((name.replace('-', "_"), p.clone()))
+            })
+            .collect();
+        let mut order = Vec::new();
+        for name in names {
+            self.load_module(&index, &name.replace('-', "_"), &mut order)?;
+        }
+        Ok(order)
+    }
+
+    fn load_module(
+        &mut self,
+        index: &BTreeMap<String, PathBuf>,
+        name: &str,
+        order: &mut Vec<PathBuf>,
+    ) -> Result<(), InitramfsError> {
+        let path = index
+            .get(name)
+            .ok_or_else(|| InitramfsError::MissingModule(name.to_owned()))?
+            .clone();
+        if order.contains(&path) {
+            return Ok(());
+        }
+        let Some(Node::File { source, .. }) = self.sysroot.entry(&path).map(|e| e.node.clone())
+        else {
+            return Err(InitramfsError::MissingModule(name.to_owned()));
+        };
+        let data = std::fs::read(&source).map_err(io_err(&source))?;
+        for dependency in module_dependencies(&data, &source)? {
+            self.load_module(index, &dependency.replace('-', "_"), order)?;
+        }
+        self.from_sysroot(&path)?;
+        order.push(path);
+        Ok(())
+    }
+
+    /// Writes the gzip-compressed newc archive; every directory on the way to an entry
+    /// is included, so the archive unpacks without relying on the kernel's defaults.
+    pub fn write_gz(&self, out: &Path) -> Result<(), InitramfsError> {
+        let mut all: BTreeMap<PathBuf, &Content> = BTreeMap::new();
+        static DIR: Content = Content::Dir;
+        for (path, content) in &self.entries {
+            for ancestor in path.ancestors().skip(1) {
+                if ancestor != Path::new("/") {
+                    all.entry(ancestor.to_path_buf()).or_insert(&DIR);
+                }
+            }
+            all.insert(path.clone(), content);
+        }
+        let tmp = out.with_extension("tmp");
+        let file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+        let gz = GzEncoder::new(std::io::BufWriter::new(file), Compression::new(6));
+        let mut writer = cpio::Writer::new(gz);
+        for (path, content) in all {
+            let name = path
+                .strip_prefix("/")
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let result = match content {
+                Content::Dir => writer.member(&name, 0o755, cpio::Member::Dir),
+                Content::Symlink(target) => {
+                    writer.member(&name, 0o777, cpio::Member::Symlink(target))
+                }
+                Content::File { data, mode } => {
+                    let bytes = match data {
+                        FileData::Bytes(b) => std::borrow::Cow::Borrowed(b.as_slice()),
+                        FileData::Path(p) => {
+                            std::borrow::Cow::Owned(std::fs::read(p).map_err(io_err(p))?)
+                        }
+                    };
+                    writer.member(&name, *mode, cpio::Member::File(&bytes))
+                }
+            };
+            result.map_err(io_err(out))?;
+        }
+        let mut buffered = writer
+            .finish()
+            .and_then(|gz| gz.finish())
+            .map_err(io_err(out))?;
+        buffered.flush().map_err(io_err(out))?;
+        drop(buffered);
+        std::fs::rename(&tmp, out).map_err(io_err(out))
+    }
+}
+
+/// The `depends=` list of a kernel module's `.modinfo` section.
+fn module_dependencies(data: &[u8], path: &Path) -> Result<Vec<String>, InitramfsError> {
+    let elf = goblin::elf::Elf::parse(data).map_err(|e| InitramfsError::Elf {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    for section in &elf.section_headers {
+        if elf.shdr_strtab.get_at(section.sh_name) != Some(".modinfo") {
+            continue;
+        }
+        let start = section.sh_offset as usize;
+        let end = start + section.sh_size as usize;
+        let Some(bytes) = data.get(start..end) else {
+            break;
+        };
+        for field in bytes.split(|b| *b == 0) {
+            if let Some(list) = field.strip_prefix(b"depends=") {
+                return Ok(String::from_utf8_lossy(list)
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect());
+            }
+        }
+    }
+    Ok(Vec::new())
+}
