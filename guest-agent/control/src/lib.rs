@@ -1,1 +1,174 @@
-//! Control-socket protocol (work in progress).
+//! The control protocol between `cranectl` (or `crane-agent`) and each
+//! interposed OpenCL process: one JSON request per connection on the process's
+//! socket `$CRANE_RUN_DIR/apps/<pid>.sock`, one JSON response back.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Default run directory; `CRANE_RUN_DIR` overrides it.
+pub const DEFAULT_RUN_DIR: &str = "/run/crane";
+
+/// The directory holding the per-process sockets.
+pub fn apps_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("apps")
+}
+
+/// The run directory from the environment.
+pub fn run_dir_from_env() -> PathBuf {
+    std::env::var_os("CRANE_RUN_DIR").map_or_else(|| PathBuf::from(DEFAULT_RUN_DIR), PathBuf::from)
+}
+
+/// The socket of one process.
+pub fn socket_path(run_dir: &Path, pid: u32) -> PathBuf {
+    apps_dir(run_dir).join(format!("{pid}.sock"))
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    Status,
+    /// Park all GPU state in RAM, release every object and unload the vendor
+    /// library; the application's OpenCL calls block until `Resume`.
+    Suspend { deadline_ms: u64 },
+    /// Reload the vendor library, recreate every object, re-inject memory.
+    Resume,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Calls go to the local vendor library, tracked.
+    Passthrough,
+    /// GPU state is in RAM and the vendor library is unloaded.
+    Suspended,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ObjectCounts {
+    pub contexts: usize,
+    pub queues: usize,
+    pub buffers: usize,
+    pub images: usize,
+    pub samplers: usize,
+    pub programs: usize,
+    pub kernels: usize,
+    pub events: usize,
+    pub svm_allocations: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AppStatus {
+    pub pid: u32,
+    pub exe: String,
+    pub mode: Mode,
+    pub objects: ObjectCounts,
+    /// Bytes of device memory crane tracks.
+    pub tracked_bytes: u64,
+    /// Bytes a suspend would have to read back now.
+    pub dirty_bytes: u64,
+    pub vendors: Vec<String>,
+}
+
+/// One timed step of a transition.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Phase {
+    pub name: String,
+    pub ms: f64,
+    pub bytes: u64,
+}
+
+/// What a device left behind after unloading (must be empty).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Residue {
+    pub device_fds: Vec<String>,
+    pub device_mappings: Vec<String>,
+    pub vendor_threads: Vec<i32>,
+    pub libraries_still_mapped: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<AppStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<Phase>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub residue: Option<Residue>,
+}
+
+impl Response {
+    pub fn error(msg: impl Into<String>) -> Response {
+        Response { ok: false, error: Some(msg.into()), status: None, phases: Vec::new(), residue: None }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("cannot connect to {path}: {source}")]
+    Connect { path: PathBuf, source: std::io::Error },
+    #[error("the process did not answer on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("the process sent a response that is not valid: {0}")]
+    Decode(#[from] serde_json::Error),
+}
+
+/// Sends one request and waits for the response.
+pub fn call(path: &Path, req: &Request, timeout: Duration) -> Result<Response, CallError> {
+    let io = |source| CallError::Io { path: path.to_path_buf(), source };
+    let mut s = UnixStream::connect(path).map_err(|source| CallError::Connect { path: path.to_path_buf(), source })?;
+    s.set_read_timeout(Some(timeout)).map_err(io)?;
+    s.set_write_timeout(Some(timeout)).map_err(io)?;
+    let mut line = serde_json::to_vec(req)?;
+    line.push(b'\n');
+    s.write_all(&line).map_err(io)?;
+    let mut r = BufReader::new(s);
+    let mut out = String::new();
+    r.read_line(&mut out).map_err(io)?;
+    Ok(serde_json::from_str(&out)?)
+}
+
+/// The pids with a socket in the run directory.
+pub fn list_pids(run_dir: &Path) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(apps_dir(run_dir)) else { return Vec::new() };
+    let mut pids: Vec<u32> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".sock")?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Largest request line a process accepts (guards against a hostile peer).
+pub const MAX_REQUEST: usize = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_wire_form_is_stable() {
+        let s = serde_json::to_string(&Request::Suspend { deadline_ms: 500 }).unwrap();
+        assert_eq!(s, r#"{"cmd":"suspend","deadline_ms":500}"#);
+        let r: Request = serde_json::from_str(r#"{"cmd":"resume"}"#).unwrap();
+        assert_eq!(r, Request::Resume);
+        assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());
+    }
+
+    #[test]
+    fn list_pids_reads_socket_names() {
+        let d = std::env::temp_dir().join(format!("crane-ctl-test-{}", std::process::id()));
+        std::fs::create_dir_all(apps_dir(&d)).unwrap();
+        for n in ["12.sock", "7.sock", "junk", "x.sock"] {
+            std::fs::write(apps_dir(&d).join(n), b"").unwrap();
+        }
+        assert_eq!(list_pids(&d), vec![7, 12]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

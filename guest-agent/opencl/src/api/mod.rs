@@ -1,0 +1,72 @@
+//! The C-facing entry points, one file per object family. Each validates crane's
+//! handles, translates them to the vendor's, forwards, and records what a
+//! rebuild needs. The functions are `unsafe extern "C"` because the caller (the
+//! application) vouches for its pointers, as the OpenCL specification requires.
+#![allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
+
+pub mod context;
+pub mod enqueue;
+pub mod event;
+pub mod kernel;
+pub mod memory;
+pub mod platform;
+pub mod program;
+pub mod queue;
+pub mod sampler;
+pub mod svm;
+
+use std::ffi::c_void;
+
+use opencl_sys::*;
+
+use crate::entry::ClResult;
+use crate::handle::{self, ClObject};
+use crate::objects::*;
+
+macro_rules! lookup {
+    ($name:ident, $t:ty, $err:expr) => {
+        #[inline(always)]
+        pub fn $name<'a>(h: *const c_void) -> ClResult<&'a $t> {
+            handle::get::<$t>(h).ok_or($err)
+        }
+    };
+}
+lookup!(platform_ref, Platform, CL_INVALID_PLATFORM);
+lookup!(device_ref, Device, CL_INVALID_DEVICE);
+lookup!(context_ref, Context, CL_INVALID_CONTEXT);
+lookup!(queue_ref, Queue, CL_INVALID_COMMAND_QUEUE);
+lookup!(mem_ref, Mem, CL_INVALID_MEM_OBJECT);
+lookup!(sampler_ref, Sampler, CL_INVALID_SAMPLER);
+lookup!(program_ref, Program, CL_INVALID_PROGRAM);
+lookup!(kernel_ref, Kernel, CL_INVALID_KERNEL);
+lookup!(event_ref, Event, CL_INVALID_EVENT);
+
+/// A strong reference to the object behind a handle.
+pub fn arc_of<T: ClObject>(h: *const c_void, err: cl_int) -> ClResult<std::sync::Arc<T>> {
+    handle::get_arc::<T>(h).ok_or(err)
+}
+
+/// The vendor object behind a crane handle, or `err`.
+#[inline(always)]
+pub fn vendor_of<T: ClObject>(h: *const c_void, err: cl_int) -> ClResult<*mut c_void> {
+    let v = handle::get::<T>(h).ok_or(err)?.base().vendor();
+    if v.is_null() { Err(err) } else { Ok(v) }
+}
+
+/// Translates an application device list to vendor devices plus crane's objects.
+pub fn devices_of(n: cl_uint, list: *const cl_device_id) -> ClResult<(Vec<cl_device_id>, Vec<std::sync::Arc<Device>>)> {
+    let hs = crate::entry::slice(list, n as usize, CL_INVALID_VALUE)?;
+    let mut v = Vec::with_capacity(hs.len());
+    let mut a = Vec::with_capacity(hs.len());
+    for &h in hs {
+        let d = arc_of::<Device>(h.cast(), CL_INVALID_DEVICE)?;
+        v.push(d.base.vendor().cast());
+        a.push(d);
+    }
+    Ok((v, a))
+}
+
+/// Publishes a new object and returns the application's handle.
+pub fn publish<T: ClObject, H>(obj: std::sync::Arc<T>) -> *mut H {
+    handle::publish(obj).cast()
+}

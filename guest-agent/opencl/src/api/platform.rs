@@ -1,0 +1,232 @@
+//! Platforms and devices.
+
+use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+
+use opencl_sys::*;
+
+use super::*;
+use crate::entry::{self, ClResult, bytes_of, put, write_info};
+use crate::handle::Base;
+use crate::vendor::{self, check, vfn};
+
+fn get_platform_ids(n: cl_uint, out: *mut cl_platform_id, n_ret: *mut cl_uint) -> ClResult<()> {
+    if (n == 0 && !out.is_null()) || (out.is_null() && n_ret.is_null()) {
+        return Err(CL_INVALID_VALUE);
+    }
+    let ps = vendor::platforms()?;
+    crate::control::start();
+    put(n_ret, ps.len() as cl_uint);
+    if ps.is_empty() {
+        return Err(CL_PLATFORM_NOT_FOUND_KHR);
+    }
+    if !out.is_null() {
+        for (i, p) in ps.iter().take(n as usize).enumerate() {
+            // SAFETY: the application gave room for n platforms.
+            unsafe { out.add(i).write(p.base.handle()) };
+        }
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetPlatformIDs(n: cl_uint, out: *mut cl_platform_id, n_ret: *mut cl_uint) -> cl_int {
+    entry::status(false, || get_platform_ids(n, out, n_ret))
+}
+
+/// The ICD loader's entry point: the same as clGetPlatformIDs.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(n: cl_uint, out: *mut cl_platform_id, n_ret: *mut cl_uint) -> cl_int {
+    entry::status(false, || get_platform_ids(n, out, n_ret))
+}
+
+/// Resolves a platform argument; null means "the first platform", as vendors
+/// allow.
+fn platform_or_default(p: cl_platform_id) -> ClResult<Arc<Platform>> {
+    if p.is_null() {
+        return vendor::platforms()?.into_iter().next().ok_or(CL_INVALID_PLATFORM);
+    }
+    arc_of::<Platform>(p.cast(), CL_INVALID_PLATFORM)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetPlatformInfo(p: cl_platform_id, param: cl_platform_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+    entry::status(false, || {
+        let p = platform_or_default(p)?;
+        let v = p.base.vendor();
+        // SAFETY: forwarding the application's buffers to the vendor.
+        check(unsafe { vfn!(v, clGetPlatformInfo)?(v.cast(), param, size, value, size_ret) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetDeviceIDs(p: cl_platform_id, ty: cl_device_type, n: cl_uint, out: *mut cl_device_id, n_ret: *mut cl_uint) -> cl_int {
+    entry::status(false, || {
+        if (n == 0 && !out.is_null()) || (out.is_null() && n_ret.is_null()) {
+            return Err(CL_INVALID_VALUE);
+        }
+        let p = platform_or_default(p)?;
+        let all = vendor::root_devices(&p)?;
+        let vp = p.base.vendor();
+        let f = vfn!(vp, clGetDeviceIDs)?;
+        let mut cnt = 0;
+        // SAFETY: count query on the vendor platform.
+        check(unsafe { f(vp.cast(), ty, 0, std::ptr::null_mut(), &mut cnt) })?;
+        let mut vs = vec![std::ptr::null_mut(); cnt as usize];
+        // SAFETY: `vs` holds cnt entries.
+        check(unsafe { f(vp.cast(), ty, cnt, vs.as_mut_ptr(), std::ptr::null_mut()) })?;
+        let ours: Vec<&Arc<Device>> = vs.iter().filter_map(|&v| all.iter().find(|d| d.base.vendor() == v.cast())).collect();
+        put(n_ret, ours.len() as cl_uint);
+        if !out.is_null() {
+            for (i, d) in ours.iter().take(n as usize).enumerate() {
+                // SAFETY: room for n devices.
+                unsafe { out.add(i).write(d.base.handle()) };
+            }
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetDeviceInfo(d: cl_device_id, param: cl_device_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+    entry::status(false, || {
+        let dev = device_ref(d.cast())?;
+        match param {
+            CL_DEVICE_PLATFORM => {
+                let h: cl_platform_id = dev.platform.base.handle();
+                write_info(bytes_of(&h), size, value, size_ret)
+            }
+            CL_DEVICE_PARENT_DEVICE => {
+                let h: cl_device_id = dev.parent.as_ref().map_or(std::ptr::null_mut(), |p| p.base.handle());
+                write_info(bytes_of(&h), size, value, size_ret)
+            }
+            CL_DEVICE_REFERENCE_COUNT => {
+                let n: cl_uint = if dev.parent.is_some() { dev.base.app_refs() } else { 1 };
+                write_info(bytes_of(&n), size, value, size_ret)
+            }
+            _ => {
+                let v = dev.base.vendor();
+                // SAFETY: forwarding.
+                check(unsafe { vfn!(v, clGetDeviceInfo)?(v.cast(), param, size, value, size_ret) })
+            }
+        }
+    })
+}
+
+/// Creates sub-devices on the vendor and crane objects for them (also used to
+/// recreate them on resume).
+pub fn create_sub_devices(parent: &Arc<Device>, props: &[cl_device_partition_property]) -> ClResult<Vec<cl_device_id>> {
+    let v = parent.base.vendor();
+    let f = vfn!(v, clCreateSubDevices)?;
+    let mut n = 0;
+    // SAFETY: count query; `props` is zero-terminated.
+    check(unsafe { f(v.cast(), props.as_ptr(), 0, std::ptr::null_mut(), &mut n) })?;
+    let mut vs = vec![std::ptr::null_mut(); n as usize];
+    // SAFETY: `vs` holds n entries.
+    check(unsafe { f(v.cast(), props.as_ptr(), n, vs.as_mut_ptr(), std::ptr::null_mut()) })?;
+    Ok(vs)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clCreateSubDevices(d: cl_device_id, props: *const cl_device_partition_property, n: cl_uint, out: *mut cl_device_id, n_ret: *mut cl_uint) -> cl_int {
+    entry::status(false, || {
+        let parent = arc_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
+        if props.is_null() {
+            return Err(CL_INVALID_VALUE);
+        }
+        let props = entry::read_props(props);
+        let vs = create_sub_devices(&parent, &props)?;
+        put(n_ret, vs.len() as cl_uint);
+        if out.is_null() {
+            // Counting only: give the vendor's sub-devices back.
+            for &v in &vs {
+                // SAFETY: sub-devices we just created and do not keep.
+                unsafe { vendor::release(v.cast(), |t| t.clReleaseDevice) };
+            }
+            return Ok(());
+        }
+        if (n as usize) < vs.len() {
+            for &v in &vs {
+                // SAFETY: as above.
+                unsafe { vendor::release(v.cast(), |t| t.clReleaseDevice) };
+            }
+            return Err(CL_INVALID_VALUE);
+        }
+        for (i, &v) in vs.iter().enumerate() {
+            let name = parent.name.clone();
+            let sub = Arc::new(Device { base: Base::new(v.cast()), platform: parent.platform.clone(), parent: Some(parent.clone()), index: i, partition: props.clone(), name });
+            // SAFETY: room for n >= vs.len() devices.
+            unsafe { out.add(i).write(publish(sub)) };
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clRetainDevice(d: cl_device_id) -> cl_int {
+    entry::status(true, || {
+        let dev = device_ref(d.cast())?;
+        if dev.parent.is_some() {
+            handle::app_retain(dev);
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clReleaseDevice(d: cl_device_id) -> cl_int {
+    entry::status(true, || {
+        let dev = device_ref(d.cast())?;
+        if dev.parent.is_some() {
+            handle::app_release(dev, |_| ());
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetDeviceAndHostTimer(d: cl_device_id, dev_ts: *mut cl_ulong, host_ts: *mut cl_ulong) -> cl_int {
+    entry::status(false, || {
+        let v = vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
+        // SAFETY: forwarding.
+        check(unsafe { vfn!(v, clGetDeviceAndHostTimer)?(v.cast(), dev_ts, host_ts) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetHostTimer(d: cl_device_id, host_ts: *mut cl_ulong) -> cl_int {
+    entry::status(false, || {
+        let v = vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
+        // SAFETY: forwarding.
+        check(unsafe { vfn!(v, clGetHostTimer)?(v.cast(), host_ts) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clUnloadCompiler() -> cl_int {
+    entry::status(false, || Ok(()))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clUnloadPlatformCompiler(p: cl_platform_id) -> cl_int {
+    entry::status(false, || {
+        let v = vendor_of::<Platform>(p.cast(), CL_INVALID_PLATFORM)?;
+        // SAFETY: forwarding.
+        check(unsafe { vfn!(v, clUnloadPlatformCompiler)?(v.cast()) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetExtensionFunctionAddress(name: *const c_char) -> *mut c_void {
+    entry::infallible(std::ptr::null_mut(), || crate::dispatch::extension_address(name))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(p: cl_platform_id, name: *const c_char) -> *mut c_void {
+    entry::infallible(std::ptr::null_mut(), || {
+        if platform_ref(p.cast()).is_err() {
+            return std::ptr::null_mut();
+        }
+        crate::dispatch::extension_address(name)
+    })
+}

@@ -1,0 +1,129 @@
+//! What every entry point does around its body: pass the gate, turn a panic into
+//! an OpenCL error code, and write `errcode_ret`.
+
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use opencl_sys::{CL_INVALID_VALUE, CL_OUT_OF_HOST_MEMORY, CL_SUCCESS, cl_int};
+
+use crate::gate;
+
+/// The error a panic inside crane is reported as. The application's thread keeps
+/// running; the panic message has already gone to stderr through the panic hook.
+const PANIC_CODE: cl_int = CL_OUT_OF_HOST_MEMORY;
+
+pub type ClResult<T> = Result<T, cl_int>;
+
+/// Entry points returning a `cl_int` status.
+#[inline(always)]
+pub fn status(exempt: bool, f: impl FnOnce() -> ClResult<()>) -> cl_int {
+    let _pass = gate::enter(exempt);
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CL_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => PANIC_CODE,
+    }
+}
+
+/// Entry points returning an object and reporting through `errcode_ret`.
+#[inline(always)]
+pub fn object<T>(errcode_ret: *mut cl_int, f: impl FnOnce() -> ClResult<*mut T>) -> *mut T {
+    let _pass = gate::enter(false);
+    let (ret, code) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(p)) => (p, CL_SUCCESS),
+        Ok(Err(e)) => (std::ptr::null_mut(), e),
+        Err(_) => (std::ptr::null_mut(), PANIC_CODE),
+    };
+    if !errcode_ret.is_null() {
+        // SAFETY: OpenCL lets errcode_ret be null or point to a writable cl_int.
+        unsafe { errcode_ret.write(code) };
+    }
+    ret
+}
+
+/// Entry points that return a raw pointer (maps, SVM) and report through
+/// `errcode_ret`.
+#[inline(always)]
+pub fn pointer(errcode_ret: *mut cl_int, f: impl FnOnce() -> ClResult<*mut c_void>) -> *mut c_void {
+    object(errcode_ret, f)
+}
+
+/// Entry points whose result is not an error code (e.g. clSVMAlloc).
+pub fn infallible<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    let _pass = gate::enter(false);
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+/// Writes an info query's answer the way every clGet*Info does: `size_ret` gets
+/// the size, `value` (if not null) gets the bytes, and a too-small
+/// `value_size` is CL_INVALID_VALUE.
+pub fn write_info(bytes: &[u8], value_size: usize, value: *mut c_void, size_ret: *mut usize) -> ClResult<()> {
+    if !value.is_null() {
+        if value_size < bytes.len() {
+            return Err(CL_INVALID_VALUE);
+        }
+        // SAFETY: the application promises `value` holds `value_size` bytes, and
+        // we checked that covers `bytes`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), value.cast::<u8>(), bytes.len()) };
+    }
+    if !size_ret.is_null() {
+        // SAFETY: OpenCL lets size_ret be null or point to a writable size_t.
+        unsafe { size_ret.write(bytes.len()) };
+    }
+    Ok(())
+}
+
+/// The bytes of a plain value, for `write_info`.
+pub fn bytes_of<T: Copy>(v: &T) -> &[u8] {
+    // SAFETY: any initialised Copy value may be viewed as its bytes.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
+/// The bytes of a slice of plain values, for `write_info`.
+pub fn bytes_of_slice<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: as for `bytes_of`.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// Reads a zero-terminated property list (contexts, queues, mem objects,
+/// samplers, sub-devices), keeping the terminator. Null gives an empty list.
+pub fn read_props<T: Copy + PartialEq + Default>(p: *const T) -> Vec<T> {
+    let mut out = Vec::new();
+    if p.is_null() {
+        return out;
+    }
+    let zero = T::default();
+    let mut i = 0;
+    loop {
+        // SAFETY: OpenCL property lists are zero-terminated arrays; we stop at the
+        // terminator. The cap guards against a list that is not terminated.
+        let v = unsafe { p.add(i).read() };
+        out.push(v);
+        if v == zero || i > 4096 {
+            break;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// A slice from an application pointer and count, refusing null with a non-zero
+/// count.
+pub fn slice<'a, T>(p: *const T, n: usize, err: cl_int) -> ClResult<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(err);
+    }
+    // SAFETY: the application passes `n` valid elements at `p`, as OpenCL requires.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// Writes `v` to an optional out-parameter.
+pub fn put<T>(p: *mut T, v: T) {
+    if !p.is_null() {
+        // SAFETY: OpenCL out-parameters are null or writable.
+        unsafe { p.write(v) };
+    }
+}

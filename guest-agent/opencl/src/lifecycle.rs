@@ -1,0 +1,497 @@
+//! Suspend and resume: parking every OpenCL object of the process in RAM and
+//! unloading the vendor library, then rebuilding everything on a freshly loaded
+//! one. Both run on the control thread with the gate shut.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crane_control::{Mode, Phase, Residue};
+use crane_vendor_loader::DevicePolicy;
+use opencl_sys::*;
+use opencl_sys::cl_icd::_cl_icd_dispatch;
+
+use crate::api::{self, kernel, memory, program, queue as queue_api};
+use crate::callbacks::PENDING_BUILDS;
+use crate::config::{debug, warn};
+use crate::entry::ClResult;
+use crate::gate;
+use crate::handle::{self, ClObject};
+use crate::objects::*;
+use crate::vendor::{self, check, vfn};
+
+static MODE: Mutex<Mode> = Mutex::new(Mode::Passthrough);
+
+pub fn mode() -> Mode {
+    *MODE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Map write-backs whose source memory must live until their event completes.
+static PARKED: Mutex<Vec<(usize, Box<[u8]>)>> = Mutex::new(Vec::new());
+
+/// Keeps `storage` alive until the vendor event `vev` completes.
+pub fn park_storage(vev: *mut c_void, storage: Box<[u8]>) {
+    let mut p = PARKED.lock().unwrap_or_else(|e| e.into_inner());
+    p.retain(|(ev, _)| {
+        let done = event_status(*ev as *mut c_void).is_none_or(|s| s <= CL_COMPLETE);
+        if done {
+            // SAFETY: crane's reference to a vendor event it parked.
+            unsafe { vendor::release(*ev as *mut c_void, |d| d.clReleaseEvent) };
+        }
+        !done
+    });
+    p.push((vev as usize, storage));
+}
+
+fn event_status(v: *mut c_void) -> Option<cl_int> {
+    let mut s: cl_int = 0;
+    let f = vfn!(v, clGetEventInfo).ok()?;
+    // SAFETY: one cl_int.
+    let rc = unsafe { f(v.cast(), CL_EVENT_COMMAND_EXECUTION_STATUS, 4, (&raw mut s).cast(), std::ptr::null_mut()) };
+    (rc == CL_SUCCESS).then_some(s)
+}
+
+struct Timer {
+    phases: Vec<Phase>,
+    t: Instant,
+}
+
+impl Timer {
+    fn new() -> Timer {
+        Timer { phases: Vec::new(), t: Instant::now() }
+    }
+    fn lap(&mut self, name: &str, bytes: u64) {
+        let now = Instant::now();
+        self.phases.push(Phase { name: name.into(), ms: (now - self.t).as_secs_f64() * 1e3, bytes });
+        self.t = now;
+    }
+}
+
+fn policy() -> DevicePolicy {
+    DevicePolicy::default()
+}
+
+/// What the process still holds of a device.
+pub fn residue() -> Residue {
+    let mut r = Residue::default();
+    if let Ok(res) = crane_vendor_loader::device_residue(&policy()) {
+        r.device_fds = res.fds.iter().map(|f| format!("{} -> {}", f.fd, f.target.display())).collect();
+        r.device_mappings = res.mappings.iter().map(|m| m.path.display().to_string()).collect();
+    }
+    r.vendor_threads = crane_vendor_loader::vendor_threads_alive().iter().filter_map(|t| t.tid).collect();
+    r
+}
+
+/// Suspends the process's OpenCL state. On failure before anything was
+/// released, the application simply carries on.
+pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
+    if mode() != Mode::Passthrough {
+        return Err("the process is already suspended".into());
+    }
+    let end = Instant::now() + deadline;
+    let mut tm = Timer::new();
+    if let Err(n) = gate::shut(gate::QUIESCING, end) {
+        gate::open();
+        return Err(format!("{n} thread(s) stayed inside OpenCL calls past the deadline"));
+    }
+    let (svm_n, _) = api::svm::live_bytes();
+    if svm_n > 0 {
+        gate::open();
+        return Err(format!("{svm_n} SVM allocation(s) are live; SVM addresses cannot be re-created after reloading the vendor library"));
+    }
+    if vendor::is_loaded() {
+        if let Err(e) = drain(end) {
+            gate::open();
+            return Err(e);
+        }
+    }
+    tm.lap("drain", 0);
+    if let Err(n) = gate::shut(gate::CLOSED, end) {
+        gate::open();
+        return Err(format!("{n} thread(s) stayed inside OpenCL calls past the deadline"));
+    }
+    let bytes = match read_back() {
+        Ok(b) => b,
+        Err(e) => {
+            gate::open();
+            return Err(format!("reading device memory back failed with OpenCL error {e}"));
+        }
+    };
+    tm.lap("read-dirty", bytes);
+    save_events();
+    release_all();
+    tm.lap("release", 0);
+    let reports = vendor::unload(&policy());
+    let mut res = residue();
+    for r in reports {
+        match r {
+            Ok(rep) => res.libraries_still_mapped.extend(rep.libraries_still_mapped.iter().map(|l| l.path.display().to_string())),
+            Err(e) => warn!("unloading a vendor library: {e}"),
+        }
+    }
+    tm.lap("unload", 0);
+    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Suspended;
+    debug!("suspended: {:?}", tm.phases);
+    Ok((tm.phases, res))
+}
+
+/// Finishes every queue; a helper thread does it so that a queue stuck behind a
+/// user event nobody sets cannot hold the suspend past its deadline.
+fn drain(end: Instant) -> Result<(), String> {
+    let queues: Vec<usize> = handle::live::<Queue>().iter().map(|q| q.base.vendor() as usize).filter(|&v| v != 0).collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("crane-drain".into())
+        .spawn(move || {
+            for v in queues {
+                if let Ok(f) = vfn!(v as *mut c_void, clFinish) {
+                    // SAFETY: a live vendor queue.
+                    unsafe { f(v as cl_command_queue) };
+                }
+            }
+            let _ = tx.send(());
+        })
+        .map_err(|e| format!("cannot start the drain thread: {e}"))?;
+    rx.recv_timeout(end.saturating_duration_since(Instant::now()))
+        .map_err(|_| "queues did not drain before the deadline (a command may wait on a user event that is not set)".to_string())?;
+    // Callbacks the vendor still owes for completed work.
+    while PENDING_BUILDS.load(Ordering::Acquire) > 0 || unfired_callbacks() > 0 {
+        if Instant::now() >= end {
+            return Err("build or event callbacks did not run before the deadline".into());
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+fn unfired_callbacks() -> usize {
+    handle::live::<Event>()
+        .iter()
+        .filter(|e| e.base.vendor().is_null() || event_status(e.base.vendor()).is_some_and(|s| s <= CL_COMPLETE))
+        .map(|e| e.callbacks.lock().unwrap_or_else(|x| x.into_inner()).iter().filter(|c| !c.fired.load(Ordering::Acquire)).count())
+        .sum()
+}
+
+/// A vendor queue on `ctx` for crane's own transfers: one of the application's,
+/// or a temporary one (returned second, to be released).
+fn transfer_queue(ctx: &Context) -> ClResult<(*mut c_void, bool)> {
+    if let Some(q) = handle::live::<Queue>().iter().find(|q| std::ptr::eq(&*q.context, ctx) && !q.base.vendor().is_null()) {
+        return Ok((q.base.vendor(), false));
+    }
+    let vc = ctx.base.vendor();
+    let vd = ctx.devices[0].base.vendor();
+    let mut err = CL_SUCCESS;
+    #[allow(deprecated)]
+    // SAFETY: vendor context and device.
+    let q = unsafe { vfn!(vc, clCreateCommandQueue)?(vc.cast(), vd.cast(), 0, &mut err) };
+    check(err)?;
+    Ok((q.cast(), true))
+}
+
+fn with_queue<T>(ctx: &Context, f: impl FnOnce(cl_command_queue) -> ClResult<T>) -> ClResult<T> {
+    let (q, temp) = transfer_queue(ctx)?;
+    let r = f(q.cast());
+    if temp {
+        // SAFETY: the temporary queue made above.
+        unsafe { vendor::release(q, |d| d.clReleaseCommandQueue) };
+    }
+    r
+}
+
+/// Reads every object whose device contents RAM does not hold.
+fn read_back() -> ClResult<u64> {
+    let mut bytes = 0u64;
+    for m in handle::live::<Mem>() {
+        let v = m.base.vendor();
+        if v.is_null() || matches!(m.kind, MemKind::SubBuffer { .. } | MemKind::Pipe { .. }) {
+            continue;
+        }
+        let has_copy = m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data.is_some();
+        let needed = m.ever_written.load(Ordering::Relaxed) && (m.dirty.load(Ordering::Relaxed) || (!has_copy && m.flags & CL_MEM_USE_HOST_PTR == 0));
+        if !needed {
+            continue;
+        }
+        match &m.kind {
+            MemKind::Buffer => {
+                let dst: *mut u8;
+                let mut data = Vec::new();
+                if m.flags & CL_MEM_USE_HOST_PTR != 0 {
+                    dst = m.host_ptr as *mut u8;
+                } else {
+                    data = vec![0u8; m.size];
+                    dst = data.as_mut_ptr();
+                }
+                with_queue(&m.context, |q| {
+                    // SAFETY: `dst` holds m.size bytes (crane's vector or the
+                    // application's host pointer region of that size).
+                    check(unsafe { vfn!(q, clEnqueueReadBuffer)?(q, v.cast(), CL_TRUE, 0, m.size, dst.cast(), 0, std::ptr::null(), std::ptr::null_mut()) })
+                })?;
+                if m.flags & CL_MEM_USE_HOST_PTR == 0 {
+                    m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
+                }
+                bytes += m.size as u64;
+            }
+            MemKind::Image { format, desc, .. } => {
+                let region = memory::image_region(desc);
+                let px = memory::pixel_size(format);
+                let mut data = vec![0u8; region.iter().product::<usize>() * px];
+                let origin = [0usize; 3];
+                with_queue(&m.context, |q| {
+                    // SAFETY: `data` holds the whole image tightly packed.
+                    check(unsafe {
+                        vfn!(q, clEnqueueReadImage)?(q, v.cast(), CL_TRUE, origin.as_ptr(), region.as_ptr(), region[0] * px, region[0] * region[1] * px, data.as_mut_ptr().cast(), 0, std::ptr::null(), std::ptr::null_mut())
+                    })
+                })?;
+                bytes += data.len() as u64;
+                m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
+            }
+            _ => {}
+        }
+        m.dirty.store(false, Ordering::Relaxed);
+    }
+    Ok(bytes)
+}
+
+fn save_events() {
+    for e in handle::live::<Event>() {
+        let v = e.base.vendor();
+        if v.is_null() {
+            continue;
+        }
+        let status = if e.is_user() { e.user_status.load(Ordering::Acquire) } else { event_status(v).unwrap_or(CL_COMPLETE) };
+        e.final_status.store(status, Ordering::Release);
+        let profiled = e.queue.as_ref().is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
+        if profiled && status == CL_COMPLETE {
+            let mut vals = [0u64; 5];
+            let params = [CL_PROFILING_COMMAND_QUEUED, CL_PROFILING_COMMAND_SUBMIT, CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END, CL_PROFILING_COMMAND_COMPLETE];
+            for (slot, p) in vals.iter_mut().zip(params) {
+                if let Ok(f) = vfn!(v, clGetEventProfilingInfo) {
+                    // SAFETY: one cl_ulong.
+                    unsafe { f(v.cast(), p, 8, (slot as *mut u64).cast(), std::ptr::null_mut()) };
+                }
+            }
+            if vals[4] == 0 {
+                vals[4] = vals[3];
+            }
+            *e.profiling.lock().unwrap_or_else(|x| x.into_inner()) = Some(vals);
+        }
+    }
+}
+
+fn release_kind<T: ClObject, F: Copy>(sel: impl Fn(&_cl_icd_dispatch) -> Option<F> + Copy, filter: impl Fn(&T) -> bool) {
+    for o in handle::live::<T>() {
+        if !filter(&o) {
+            continue;
+        }
+        let v = o.base().take_vendor();
+        if !v.is_null() {
+            // SAFETY: crane's one reference to a live vendor object.
+            unsafe { vendor::release(v, sel) };
+        }
+    }
+}
+
+/// Gives every vendor object back, dependents first.
+fn release_all() {
+    let parked = std::mem::take(&mut *PARKED.lock().unwrap_or_else(|e| e.into_inner()));
+    for (ev, _) in parked {
+        // SAFETY: crane's reference to a parked vendor event.
+        unsafe { vendor::release(ev as *mut c_void, |d| d.clReleaseEvent) };
+    }
+    macro_rules! rel {
+        ($f:ident) => {
+            |d: &_cl_icd_dispatch| d.$f
+        };
+    }
+    release_kind::<Kernel, _>(rel!(clReleaseKernel), |_| true);
+    release_kind::<Event, _>(rel!(clReleaseEvent), |_| true);
+    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| matches!(m.kind, MemKind::Image { .. }));
+    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| matches!(m.kind, MemKind::SubBuffer { .. }));
+    release_kind::<Mem, _>(rel!(clReleaseMemObject), |_| true);
+    release_kind::<Sampler, _>(rel!(clReleaseSampler), |_| true);
+    release_kind::<Program, _>(rel!(clReleaseProgram), |p| matches!(p.source, ProgramSource::Linked { .. }));
+    release_kind::<Program, _>(rel!(clReleaseProgram), |_| true);
+    release_kind::<Queue, _>(rel!(clReleaseCommandQueue), |_| true);
+    release_kind::<Context, _>(rel!(clReleaseContext), |_| true);
+    release_kind::<Device, _>(rel!(clReleaseDevice), |d| d.parent.is_some());
+}
+
+/// Resumes after `suspend`: reload, recreate in dependency order, re-inject.
+pub fn resume() -> Result<Vec<Phase>, String> {
+    if mode() != Mode::Suspended {
+        return Err("the process is not suspended".into());
+    }
+    let mut tm = Timer::new();
+    vendor::load().map_err(|e| format!("reloading the vendor library failed with OpenCL error {e}"))?;
+    tm.lap("reload", 0);
+    recreate().map_err(|e| format!("recreating objects failed with OpenCL error {e}; the process stays suspended"))?;
+    tm.lap("recreate", 0);
+    let bytes = reinject().map_err(|e| format!("re-injecting memory failed with OpenCL error {e}"))?;
+    tm.lap("reinject", bytes);
+    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Passthrough;
+    gate::open();
+    debug!("resumed: {:?}", tm.phases);
+    Ok(tm.phases)
+}
+
+fn recreate() -> ClResult<()> {
+    // Sub-devices, parents first (slot order is creation order for a chain).
+    for d in handle::live::<Device>() {
+        let Some(parent) = &d.parent else { continue };
+        let vs = api::platform::create_sub_devices(parent, &d.partition)?;
+        let mine = *vs.get(d.index).ok_or(CL_DEVICE_NOT_FOUND)?;
+        for (i, &v) in vs.iter().enumerate() {
+            if i != d.index {
+                // SAFETY: sub-devices made only to reach ours.
+                unsafe { vendor::release(v.cast(), |t| t.clReleaseDevice) };
+            }
+        }
+        d.base.set_vendor(mine.cast());
+    }
+    for c in handle::live::<Context>() {
+        c.base.set_vendor(api::context::vendor_create(&c)?);
+    }
+    for q in handle::live::<Queue>() {
+        q.base.set_vendor(queue_api::vendor_create(&q)?);
+    }
+    // Memory: buffers, then objects built on them.
+    let mems = handle::live::<Mem>();
+    for pass in 0..3 {
+        for m in &mems {
+            let this_pass = match &m.kind {
+                MemKind::Buffer | MemKind::Pipe { .. } => 0,
+                MemKind::SubBuffer { .. } => 1,
+                MemKind::Image { buffer, .. } => if buffer.is_some() { 2 } else { 0 },
+            };
+            if this_pass == pass {
+                m.base.set_vendor(memory::vendor_create(m, None)?);
+            }
+        }
+    }
+    for s in handle::live::<Sampler>() {
+        s.base.set_vendor(api::sampler::vendor_create(&s)?);
+    }
+    // Programs: plain ones, then linked ones (their inputs exist by then).
+    let progs = handle::live::<Program>();
+    for linked in [false, true] {
+        for p in &progs {
+            if matches!(p.source, ProgramSource::Linked { .. }) != linked {
+                continue;
+            }
+            let v = program::vendor_create(p)?;
+            p.base.set_vendor(v);
+            for step in p.steps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                if matches!(step, BuildStep::Compile { .. }) && linked {
+                    continue;
+                }
+                program::replay_step(v, step)?;
+            }
+        }
+    }
+    for k in handle::live::<Kernel>() {
+        let vp = k.program.base.vendor();
+        let mut err = CL_SUCCESS;
+        // SAFETY: vendor program and the recorded name.
+        let vk = unsafe { vfn!(vp, clCreateKernel)?(vp.cast(), k.name.as_ptr(), &mut err) };
+        check(err)?;
+        k.base.set_vendor(vk.cast());
+        // SAFETY: the gate is shut; no application thread touches the kernel.
+        for (i, a) in unsafe { k.args_mut() }.iter().enumerate() {
+            kernel::apply_arg(vk.cast(), i as u32, a)?;
+        }
+        for (param, bytes) in k.exec_info.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            // SAFETY: recorded exec info.
+            check(unsafe { vfn!(vk, clSetKernelExecInfo)?(vk, *param, bytes.len(), bytes.as_ptr().cast()) })?;
+        }
+    }
+    // Events become user events carrying their final status.
+    for e in handle::live::<Event>() {
+        let vc = e.context.base.vendor();
+        let mut err = CL_SUCCESS;
+        // SAFETY: vendor context.
+        let v = unsafe { vfn!(vc, clCreateUserEvent)?(vc.cast(), &mut err) };
+        check(err)?;
+        let status = e.final_status.load(Ordering::Acquire);
+        if status <= CL_COMPLETE {
+            // SAFETY: a fresh user event.
+            check(unsafe { vfn!(v, clSetUserEventStatus)?(v, status) })?;
+        }
+        e.base.set_vendor(v.cast());
+        for cb in e.callbacks.lock().unwrap_or_else(|x| x.into_inner()).iter() {
+            if !cb.fired.load(Ordering::Acquire) {
+                crate::callbacks::register_event(v.cast(), cb);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn reinject() -> ClResult<u64> {
+    let mut bytes = 0;
+    for m in handle::live::<Mem>() {
+        let sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(data) = &sh.data else { continue };
+        let v = m.base.vendor();
+        match &m.kind {
+            MemKind::Buffer if m.flags & CL_MEM_USE_HOST_PTR == 0 => {
+                with_queue(&m.context, |q| {
+                    // SAFETY: the RAM copy of the whole buffer.
+                    check(unsafe { vfn!(q, clEnqueueWriteBuffer)?(q, v.cast(), CL_TRUE, 0, data.len().min(m.size), data.as_ptr().cast(), 0, std::ptr::null(), std::ptr::null_mut()) })
+                })?;
+                bytes += data.len() as u64;
+            }
+            MemKind::Image { format, desc, .. } => {
+                let region = memory::image_region(desc);
+                let px = memory::pixel_size(format);
+                let origin = [0usize; 3];
+                with_queue(&m.context, |q| {
+                    // SAFETY: the tightly packed RAM copy of the image.
+                    check(unsafe {
+                        vfn!(q, clEnqueueWriteImage)?(q, v.cast(), CL_TRUE, origin.as_ptr(), region.as_ptr(), region[0] * px, region[0] * region[1] * px, data.as_ptr().cast(), 0, std::ptr::null(), std::ptr::null_mut())
+                    })
+                })?;
+                bytes += data.len() as u64;
+            }
+            _ => {}
+        }
+    }
+    Ok(bytes)
+}
+
+/// Object counts and byte totals for `cranectl list`.
+pub fn status() -> crane_control::AppStatus {
+    let mems = handle::live::<Mem>();
+    let roots = mems.iter().filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }));
+    let mut tracked = 0u64;
+    let mut dirty = 0u64;
+    for m in roots {
+        let size = match &m.kind {
+            MemKind::Image { format, desc, .. } => (memory::image_region(desc).iter().product::<usize>() * memory::pixel_size(format)) as u64,
+            _ => m.size as u64,
+        };
+        tracked += size;
+        if m.dirty.load(Ordering::Relaxed) {
+            dirty += size;
+        }
+    }
+    crane_control::AppStatus {
+        pid: std::process::id(),
+        exe: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+        mode: mode(),
+        objects: crane_control::ObjectCounts {
+            contexts: handle::live::<Context>().len(),
+            queues: handle::live::<Queue>().len(),
+            buffers: mems.iter().filter(|m| !m.is_image()).count(),
+            images: mems.iter().filter(|m| m.is_image()).count(),
+            samplers: handle::live::<Sampler>().len(),
+            programs: handle::live::<Program>().len(),
+            kernels: handle::live::<Kernel>().len(),
+            events: handle::live::<Event>().len(),
+            svm_allocations: api::svm::live_bytes().0,
+        },
+        tracked_bytes: tracked,
+        dirty_bytes: dirty,
+        vendors: vendor::loaded_paths().iter().map(|p| p.display().to_string()).collect(),
+    }
+}

@@ -1,0 +1,347 @@
+//! The shadow objects: what crane records about each OpenCL object so that it can
+//! rebuild it on a freshly loaded vendor library.
+
+use std::cell::UnsafeCell;
+use std::ffi::{CString, c_void};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use opencl_sys::*;
+
+use crate::handle::{self, Base, ClObject, Kind, Slot};
+use crate::vendor;
+
+macro_rules! cl_object {
+    ($t:ident, $kind:ident, $release:ident) => {
+        cl_object!($t, $kind, $release, |_s: &$t, _v: *mut c_void| ());
+    };
+    ($t:ident, $kind:ident, $release:ident, $before:expr) => {
+        impl ClObject for $t {
+            const KIND: Kind = Kind::$kind;
+            #[inline(always)]
+            fn base(&self) -> &Base {
+                &self.base
+            }
+        }
+        impl Drop for $t {
+            fn drop(&mut self) {
+                let v = self.base.take_vendor();
+                if !v.is_null() {
+                    ($before)(self, v);
+                    // SAFETY: `v` is a live vendor object of this kind that crane
+                    // holds one reference to; this gives it back.
+                    unsafe { vendor::release(v, |d| d.$release) };
+                }
+                handle::on_drop(&self.base);
+            }
+        }
+    };
+}
+
+pub struct Platform {
+    pub base: Base,
+    /// Which vendor library (index into the configured vendor list).
+    pub vendor_index: usize,
+    /// Position among that vendor's platforms.
+    pub index: usize,
+    pub name: String,
+}
+
+impl ClObject for Platform {
+    const KIND: Kind = Kind::Platform;
+    fn base(&self) -> &Base {
+        &self.base
+    }
+}
+
+pub struct Device {
+    pub base: Base,
+    pub platform: Arc<Platform>,
+    pub parent: Option<Arc<Device>>,
+    /// Root devices: position in clGetDeviceIDs(CL_DEVICE_TYPE_ALL). Sub-devices:
+    /// position in the parent's clCreateSubDevices result.
+    pub index: usize,
+    /// Sub-devices: the partition properties they were made with.
+    pub partition: Vec<cl_device_partition_property>,
+    pub name: String,
+}
+
+impl ClObject for Device {
+    const KIND: Kind = Kind::Device;
+    fn base(&self) -> &Base {
+        &self.base
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let v = self.base.take_vendor();
+        if self.parent.is_some() && !v.is_null() {
+            // SAFETY: sub-devices are reference counted; crane holds one reference.
+            unsafe { vendor::release(v, |d| d.clReleaseDevice) };
+        }
+        handle::on_drop(&self.base);
+    }
+}
+
+pub type ContextNotify = Option<unsafe extern "C" fn(*const std::ffi::c_char, *const c_void, usize, *mut c_void)>;
+
+pub struct Context {
+    pub base: Base,
+    /// Properties as the application gave them, platform as crane's handle.
+    pub props: Vec<cl_context_properties>,
+    pub platform: Arc<Platform>,
+    pub devices: Vec<Arc<Device>>,
+    pub notify: ContextNotify,
+    pub notify_data: usize,
+    pub destructors: Mutex<Vec<Arc<Callback>>>,
+}
+cl_object!(Context, Context, clReleaseContext, crate::api::context::before_release);
+
+pub struct Queue {
+    pub base: Base,
+    pub context: Arc<Context>,
+    pub device: Arc<Device>,
+    /// OpenCL 2.0 property list (zero-terminated) or empty with `legacy_props`.
+    pub props: Vec<cl_queue_properties>,
+    pub legacy_props: Option<cl_command_queue_properties>,
+}
+cl_object!(Queue, Queue, clReleaseCommandQueue);
+
+impl Queue {
+    pub fn properties(&self) -> cl_command_queue_properties {
+        if let Some(p) = self.legacy_props {
+            return p;
+        }
+        self.props
+            .chunks(2)
+            .find(|c| c.len() == 2 && c[0] == CL_QUEUE_PROPERTIES as cl_queue_properties)
+            .map_or(0, |c| c[1])
+    }
+}
+
+pub enum MemKind {
+    Buffer,
+    SubBuffer { parent: Arc<Mem>, origin: usize },
+    Image { format: cl_image_format, desc: cl_image_desc, buffer: Option<Arc<Mem>> },
+    Pipe { packet_size: cl_uint, max_packets: cl_uint, props: Vec<cl_pipe_properties> },
+}
+
+/// What crane keeps in RAM of a memory object's contents.
+#[derive(Default)]
+pub struct Shadow {
+    /// Whole-object contents (images: tightly packed), when known.
+    pub data: Option<Vec<u8>>,
+}
+
+pub struct MapRecord {
+    pub ptr: usize,
+    pub offset: usize,
+    pub size: usize,
+    pub write: bool,
+    /// Image maps: region and pitches crane chose.
+    pub image: Option<([usize; 3], [usize; 3], usize, usize)>,
+    /// Crane-owned memory behind `ptr` (absent for USE_HOST_PTR objects).
+    pub storage: Option<Box<[u8]>>,
+}
+
+// SAFETY: the raw pointers inside image descriptors are vendor handles crane
+// only passes back to the vendor, never dereferences.
+unsafe impl Send for MemKind {}
+// SAFETY: as above.
+unsafe impl Sync for MemKind {}
+
+pub struct Mem {
+    pub base: Base,
+    pub context: Arc<Context>,
+    pub flags: cl_mem_flags,
+    pub size: usize,
+    pub kind: MemKind,
+    pub host_ptr: usize,
+    pub props: Vec<cl_mem_properties>,
+    pub with_props: bool,
+    /// Set when a kernel, copy, fill or write-map may have changed the device
+    /// copy since it was last known in RAM. For sub-buffers the parent's flag is
+    /// used.
+    pub dirty: AtomicBool,
+    /// True once device contents exist that RAM does not hold (anything ever
+    /// written); a never-written object need not be read back.
+    pub ever_written: AtomicBool,
+    pub shadow: Mutex<Shadow>,
+    pub maps: Mutex<Vec<MapRecord>>,
+    pub destructors: Mutex<Vec<Arc<Callback>>>,
+}
+cl_object!(Mem, Mem, clReleaseMemObject, crate::api::memory::before_release);
+
+impl Mem {
+    /// The object that owns the storage (a sub-buffer's parent).
+    pub fn root(&self) -> &Mem {
+        match &self.kind {
+            MemKind::SubBuffer { parent, .. } => parent.root(),
+            _ => self,
+        }
+    }
+    #[inline(always)]
+    pub fn mark_dirty(&self) {
+        let r = self.root();
+        if !r.dirty.load(Ordering::Relaxed) {
+            r.dirty.store(true, Ordering::Relaxed);
+        }
+        if !r.ever_written.load(Ordering::Relaxed) {
+            r.ever_written.store(true, Ordering::Relaxed);
+        }
+    }
+    pub fn is_image(&self) -> bool {
+        matches!(self.kind, MemKind::Image { .. })
+    }
+    /// Offset of this object inside its root's storage.
+    pub fn root_offset(&self) -> usize {
+        match &self.kind {
+            MemKind::SubBuffer { parent, origin } => parent.root_offset() + origin,
+            _ => 0,
+        }
+    }
+}
+
+pub struct Sampler {
+    pub base: Base,
+    pub context: Arc<Context>,
+    pub props: Vec<cl_sampler_properties>,
+    pub legacy: Option<(cl_bool, cl_addressing_mode, cl_filter_mode)>,
+}
+cl_object!(Sampler, Sampler, clReleaseSampler);
+
+pub enum ProgramSource {
+    Source(Vec<u8>),
+    Il(Vec<u8>),
+    Binaries(Vec<(Arc<Device>, Vec<u8>)>),
+    BuiltIn(Vec<Arc<Device>>, CString),
+    Linked { devices: Vec<Arc<Device>>, options: CString, inputs: Vec<Arc<Program>> },
+}
+
+/// One build step applied to a program, replayed in order on resume.
+pub enum BuildStep {
+    Build { devices: Vec<Arc<Device>>, options: CString },
+    Compile { devices: Vec<Arc<Device>>, options: CString, headers: Vec<(Arc<Program>, CString)> },
+    SpecConstant { id: cl_uint, value: Vec<u8> },
+}
+
+impl BuildStep {
+    /// The options the application gave, for CL_PROGRAM_BUILD_OPTIONS.
+    pub fn options(&self) -> Option<&CString> {
+        match self {
+            BuildStep::Build { options, .. } | BuildStep::Compile { options, .. } => Some(options),
+            BuildStep::SpecConstant { .. } => None,
+        }
+    }
+}
+
+pub struct Program {
+    pub base: Base,
+    pub context: Arc<Context>,
+    pub source: ProgramSource,
+    pub steps: Mutex<Vec<BuildStep>>,
+    /// Binaries read at suspend, per device of the context, for a fast rebuild.
+    pub saved_binaries: Mutex<Option<Vec<(Arc<Device>, Vec<u8>)>>>,
+}
+cl_object!(Program, Program, clReleaseProgram);
+
+/// What an argument of a kernel is, from its declaration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgKind {
+    /// `__global`/`__constant` pointer written by the kernel (may dirty a buffer).
+    MemWritable,
+    /// `__global const`/`__constant` pointer: only read.
+    MemReadOnly,
+    /// `image*_t`: read_write/write_only images may be dirtied.
+    Image { writable: bool },
+    Sampler,
+    Local,
+    Queue,
+    /// Plain bytes (scalars, vectors, structs).
+    Value,
+    /// The vendor gave no argument information; decided per value.
+    Unknown,
+}
+
+/// The recorded value of one kernel argument.
+#[derive(Clone)]
+pub enum ArgValue {
+    Unset,
+    Bytes(smallvec::SmallVec<[u8; 16]>),
+    /// A crane memory object, sampler or queue handle, with its slot generation.
+    Handle(*const Slot, u32),
+    /// `clSetKernelArg(k, i, sizeof(cl_mem), &NULL)` and the like.
+    NullHandle(usize),
+    Local(usize),
+    Svm(usize),
+}
+
+// SAFETY: the slot pointer is an arena address used only as an identifier and
+// resolved through the handle module's checks.
+unsafe impl Send for ArgValue {}
+// SAFETY: as above.
+unsafe impl Sync for ArgValue {}
+
+pub struct Kernel {
+    pub base: Base,
+    pub program: Arc<Program>,
+    pub name: CString,
+    pub arg_kinds: Box<[ArgKind]>,
+    /// OpenCL: clSetKernelArg is not thread-safe for one kernel object, so the
+    /// application serialises calls on a kernel; crane reads these only with the
+    /// gate shut (suspend) or from the calling thread (enqueue).
+    pub args: UnsafeCell<Vec<ArgValue>>,
+    /// Indices of the arguments through which a launch may write memory.
+    pub dirtying_args: Box<[u32]>,
+    pub exec_info: Mutex<Vec<(cl_kernel_exec_info, Vec<u8>)>>,
+}
+cl_object!(Kernel, Kernel, clReleaseKernel);
+
+// SAFETY: `args` is only touched as documented on the field.
+unsafe impl Sync for Kernel {}
+
+impl Kernel {
+    /// The recorded arguments.
+    ///
+    /// # Safety
+    /// The caller must be the thread the application uses for this kernel, or
+    /// hold the gate shut.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn args_mut(&self) -> &mut Vec<ArgValue> {
+        // SAFETY: per the function's contract no other reference is live.
+        unsafe { &mut *self.args.get() }
+    }
+}
+
+/// An application callback registered with the vendor through a crane trampoline.
+pub struct Callback {
+    pub func: usize,
+    pub user_data: usize,
+    pub kind: cl_int,
+    pub fired: AtomicBool,
+    /// The crane handle passed to the application's function.
+    pub handle: usize,
+}
+
+pub struct Event {
+    pub base: Base,
+    pub context: Arc<Context>,
+    pub queue: Option<Arc<Queue>>,
+    pub command_type: cl_command_type,
+    /// User events: the status the application set (CL_SUBMITTED until set).
+    pub user_status: AtomicI32,
+    pub callbacks: Mutex<Vec<Arc<Callback>>>,
+    /// Profiling counters saved at suspend (queued, submit, start, end, complete).
+    pub profiling: Mutex<Option<[u64; 5]>>,
+    /// Status saved at suspend.
+    pub final_status: AtomicI32,
+    pub created_ns: AtomicU64,
+}
+cl_object!(Event, Event, clReleaseEvent);
+
+impl Event {
+    pub fn is_user(&self) -> bool {
+        self.command_type == CL_COMMAND_USER
+    }
+}
