@@ -94,13 +94,13 @@ fn release(library: &VendorLibrary) {
 
 #[test]
 fn unloads_everything_the_vendor_left_behind_twenty_times() {
+    let fixtures = fixtures();
     if in_own_process(
         "unloads_everything_the_vendor_left_behind_twenty_times",
         &[],
     ) {
         return;
     }
-    let fixtures = fixtures();
     let device = FakeDevice::new("cycles");
     let policy = policy(&device, Duration::from_secs(2));
     for cycle in 0..20 {
@@ -162,10 +162,10 @@ fn unloads_everything_the_vendor_left_behind_twenty_times() {
 
 #[test]
 fn drops_references_taken_behind_the_hooks() {
+    let fixtures = fixtures();
     if in_own_process("drops_references_taken_behind_the_hooks", &[]) {
         return;
     }
-    let fixtures = fixtures();
     let device = FakeDevice::new("untracked");
     let library = open_and_start(&fixtures.vendor, &device);
     let open_untracked: OpenFn = function(&library, c"vendor_open_untracked");
@@ -192,10 +192,10 @@ fn drops_references_taken_behind_the_hooks() {
 
 #[test]
 fn keeps_a_library_whose_thread_still_runs() {
+    let fixtures = fixtures();
     if in_own_process("keeps_a_library_whose_thread_still_runs", &[]) {
         return;
     }
-    let fixtures = fixtures();
     let device = FakeDevice::new("stuck");
     let policy = policy(&device, Duration::from_millis(100));
     let library = open_and_start(&fixtures.vendor, &device);
@@ -259,10 +259,10 @@ fn keeps_a_library_whose_thread_still_runs() {
 
 #[test]
 fn a_vendor_that_stays_mapped_keeps_what_it_opened() {
+    let fixtures = fixtures();
     if in_own_process("a_vendor_that_stays_mapped_keeps_what_it_opened", &[]) {
         return;
     }
-    let fixtures = fixtures();
     let device = FakeDevice::new("pinned");
     let policy = policy(&device, Duration::from_millis(50));
     let library = open_and_start(&fixtures.pinned_vendor, &device);
@@ -319,10 +319,10 @@ fn a_vendor_that_stays_mapped_keeps_what_it_opened() {
 
 #[test]
 fn one_vendor_at_a_time_and_load_failures_are_reported() {
+    let fixtures = fixtures();
     if in_own_process("one_vendor_at_a_time_and_load_failures_are_reported", &[]) {
         return;
     }
-    let fixtures = fixtures();
     let missing = fixtures.dir.join("libmissing.so");
     match VendorLibrary::open(&missing) {
         Err(LoadError::Dlopen { path, message }) => {

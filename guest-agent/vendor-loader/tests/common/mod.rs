@@ -19,14 +19,16 @@ pub fn in_own_process(test: &str, env: &[(&str, &str)]) -> bool {
     if std::env::var(CHILD_TEST).as_deref() == Ok(test) {
         return false;
     }
-    let fixtures = fixtures();
-    let output = Command::new(std::env::current_exe().expect("the test binary has a path"))
+    let mut child = Command::new(std::env::current_exe().expect("the test binary has a path"));
+    child
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_TEST, test)
-        .env(FIXTURE_DIR, &fixtures.dir)
-        .envs(env.iter().copied())
-        .output()
-        .expect("the test binary can run itself");
+        .envs(env.iter().copied());
+    // Fixtures built by the parent are shared with the child.
+    if let Some(fixtures) = FIXTURES.get() {
+        child.env(FIXTURE_DIR, &fixtures.dir);
+    }
+    let output = child.output().expect("the test binary can run itself");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("--- {test} in its own process ---\n{stdout}{stderr}");
@@ -53,8 +55,11 @@ pub struct Fixtures {
     pub helper: PathBuf,
 }
 
+static FIXTURES: OnceLock<Fixtures> = OnceLock::new();
+
+/// The fake libraries, compiled on first use (or taken from the parent
+/// process).
 pub fn fixtures() -> &'static Fixtures {
-    static FIXTURES: OnceLock<Fixtures> = OnceLock::new();
     FIXTURES.get_or_init(|| {
         let dir = match std::env::var_os(FIXTURE_DIR) {
             Some(dir) => PathBuf::from(dir),
