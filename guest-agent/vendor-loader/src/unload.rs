@@ -146,6 +146,9 @@ fn close_vendor_handles(report: &mut UnloadReport, failures: &mut HashMap<Object
             // nobody but the unloaded vendor was meant to use it.
             if unsafe { libc::dlclose(handle_of(entry)) } != 0 {
                 failures.insert(entry.target.clone(), dl_error());
+            } else if entry.target.path.as_os_str().is_empty() {
+                // A handle of the main program (dlopen(NULL)): nothing to
+                // unload, not worth reporting.
             } else if entry.closed_by_vendor {
                 report
                     .handles_closed_by_vendor
@@ -314,12 +317,25 @@ pub(crate) fn unload(
             .map(|h| h.target.clone())
             .collect();
         let loaded = objects::loaded_ids();
+        let remaining: HashSet<ObjectId> = attributed
+            .iter()
+            .filter(|id| loaded.contains(id))
+            .cloned()
+            .collect();
+        // glibc's dlclose of a NODELETE library succeeds without dropping
+        // anything, so probing one would only count phantom references.
+        let nodelete: HashSet<ObjectId> = objects::facts(&remaining)
+            .into_iter()
+            .filter(|f| f.nodelete_flag || f.unique_symbols)
+            .map(|f| f.id)
+            .collect();
         for id in attributed.iter().rev() {
             let pinned = opened_nodelete.contains(id)
+                || nodelete.contains(id)
                 || held.contains(id)
                 || running.contains_key(id)
                 || id.path.as_os_str().is_empty();
-            if loaded.contains(id) && !pinned {
+            if remaining.contains(id) && !pinned {
                 drop_untracked_references(id, &mut report);
             }
         }

@@ -62,10 +62,19 @@ fn check(what: &str, code: cl_int) {
     assert_eq!(code, CL_SUCCESS, "{what} failed with {code}");
 }
 
+/// What one use of the implementation gave.
+struct Run {
+    result: Vec<i32>,
+    /// Vendor threads running while the context existed.
+    vendor_threads: usize,
+    /// All threads of the process then.
+    threads: usize,
+}
+
 /// Creates a context, a buffer and a kernel, runs the kernel, reads the
 /// result back and releases everything; `unload_compiler` then calls
-/// `clUnloadPlatformCompiler`. Returns the buffer's contents.
-fn run_kernel(library: &VendorLibrary, cycle: i32, unload_compiler: bool) -> Vec<i32> {
+/// `clUnloadPlatformCompiler`.
+fn run_kernel(library: &VendorLibrary, cycle: i32, unload_compiler: bool) -> Run {
     let address = library
         .symbol(c"clGetExtensionFunctionAddress")
         .expect("an ICD exports clGetExtensionFunctionAddress");
@@ -196,6 +205,8 @@ fn run_kernel(library: &VendorLibrary, cycle: i32, unload_compiler: bool) -> Vec
                 null_mut(),
             ),
         );
+        let vendor_threads = vendor_threads_alive().len();
+        let threads = thread_count();
         check(
             "clReleaseMemObject",
             dispatch(buffer).clReleaseMemObject.unwrap()(buffer),
@@ -222,8 +233,16 @@ fn run_kernel(library: &VendorLibrary, cycle: i32, unload_compiler: bool) -> Vec
                 dispatch(platform).clUnloadPlatformCompiler.unwrap()(platform),
             );
         }
-        result
+        Run {
+            result,
+            vendor_threads,
+            threads,
+        }
     }
+}
+
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |tasks| tasks.count())
 }
 
 fn expected(cycle: i32) -> Vec<i32> {
@@ -247,17 +266,24 @@ fn twenty_cycles_leave_no_thread_and_no_device_behind() {
     for cycle in 0..20 {
         let started = Instant::now();
         let library = VendorLibrary::open(&path).expect("the OpenCL implementation loads");
-        let result = run_kernel(&library, cycle, true);
+        let run = run_kernel(&library, cycle, true);
         assert_eq!(
-            result,
+            run.result,
             expected(cycle),
             "cycle {cycle}: wrong kernel result"
         );
         let used = started.elapsed();
+        println!(
+            "cycle {cycle}: {} vendor threads of {} threads while in use",
+            run.vendor_threads, run.threads
+        );
 
         let report = library.close(&policy).expect("unloading works");
 
-        println!("cycle {cycle}: used in {used:?}, {report:#?}");
+        println!(
+            "cycle {cycle}: used in {used:?}, {} threads after unload, {report:#?}",
+            thread_count()
+        );
         assert!(
             report.vendor_threads_alive.is_empty(),
             "cycle {cycle}: {report:#?}"
@@ -266,6 +292,7 @@ fn twenty_cycles_leave_no_thread_and_no_device_behind() {
         let residue = device_residue(&policy).unwrap();
         assert!(residue.is_empty(), "cycle {cycle}: {residue:?}");
         if is_pocl(&path) {
+            assert!(run.vendor_threads > 0, "PoCL's workers are seen starting");
             // LLVM and Clang are NODELETE; PoCL itself stays as a relocation
             // dependency of them, and keeps its device drivers.
             let pocl = report
@@ -284,6 +311,15 @@ fn twenty_cycles_leave_no_thread_and_no_device_behind() {
                 "{report:#?}"
             );
         } else {
+            // Only NODELETE libraries may stay, and no reference to them was
+            // counted as dropped.
+            assert!(
+                report.libraries_still_mapped.iter().all(|l| l
+                    .reasons
+                    .contains(&crane_vendor_loader::RetainReason::NoDeleteFlag)),
+                "{report:#?}"
+            );
+            assert!(report.references_dropped.is_empty(), "{report:#?}");
             // The path may be a bare soname; the report names what the
             // dynamic linker found.
             let name = path.file_name();
@@ -317,7 +353,7 @@ fn without_uninit_pocl_workers_outlive_the_unload_and_are_reported() {
     let mut workers = None;
     for cycle in 0..3 {
         let library = VendorLibrary::open(&path).unwrap();
-        assert_eq!(run_kernel(&library, cycle, true), expected(cycle));
+        assert_eq!(run_kernel(&library, cycle, true).result, expected(cycle));
         let report = library.close(&policy).unwrap();
         let alive = &report.vendor_threads_alive;
         assert!(!alive.is_empty(), "cycle {cycle}: {report:#?}");
