@@ -67,6 +67,8 @@ pub(crate) struct Image<'a> {
     name: &'a CStr,
     base: usize,
     phdrs: &'a [libc::Elf64_Phdr],
+    /// The absolute address ranges of the loadable segments.
+    ranges: Vec<Range<usize>>,
 }
 
 /// The parts of an object's dynamic section this crate reads, with every
@@ -84,7 +86,7 @@ struct Dynamic {
     soname: Option<usize>,
 }
 
-impl Image<'_> {
+impl<'a> Image<'a> {
     pub fn id(&self) -> ObjectId {
         ObjectId {
             path: self.path().to_path_buf(),
@@ -100,18 +102,25 @@ impl Image<'_> {
         self.phdrs.iter().filter(|p| p.p_type == PT_LOAD)
     }
 
-    /// The absolute address ranges of the object's loadable segments.
-    pub fn load_ranges(&self) -> Vec<Range<usize>> {
-        self.load_segments()
+    fn new(name: &'a CStr, base: usize, phdrs: &'a [libc::Elf64_Phdr]) -> Self {
+        let ranges = phdrs
+            .iter()
+            .filter(|p| p.p_type == PT_LOAD)
             .map(|p| {
-                let start = self.base.wrapping_add(p.p_vaddr as usize);
+                let start = base.wrapping_add(p.p_vaddr as usize);
                 start..start.wrapping_add(p.p_memsz as usize)
             })
-            .collect()
+            .collect();
+        Image {
+            name,
+            base,
+            phdrs,
+            ranges,
+        }
     }
 
     pub fn contains(&self, address: usize) -> bool {
-        self.load_ranges().iter().any(|r| r.contains(&address))
+        self.ranges.iter().any(|r| r.contains(&address))
     }
 
     /// Whether `len` bytes at `address` lie inside one loadable segment.
@@ -119,7 +128,7 @@ impl Image<'_> {
         let Some(end) = address.checked_add(len) else {
             return false;
         };
-        self.load_ranges()
+        self.ranges
             .iter()
             .any(|r| r.start <= address && end <= r.end)
     }
@@ -429,11 +438,7 @@ pub(crate) fn for_each_object(mut visit: impl FnMut(&Image<'_>) -> ControlFlow<(
             // mapped object.
             unsafe { std::slice::from_raw_parts(info.dlpi_phdr, usize::from(info.dlpi_phnum)) }
         };
-        let image = Image {
-            name,
-            base: info.dlpi_addr as usize,
-            phdrs,
-        };
+        let image = Image::new(name, info.dlpi_addr as usize, phdrs);
         // A panic must not unwind through glibc's frames: carry it out.
         match panic::catch_unwind(AssertUnwindSafe(|| (state.visit)(&image))) {
             Ok(ControlFlow::Continue(())) => 0,

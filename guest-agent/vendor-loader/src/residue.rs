@@ -22,8 +22,10 @@ pub struct DevicePolicy {
     /// one of these (as a string: `/dev/nvidia` covers `/dev/nvidia0`,
     /// `/dev/nvidiactl` and `/dev/nvidia-uvm`).
     pub device_prefixes: Vec<PathBuf>,
-    /// How long [`crate::VendorLibrary::close`] waits for threads started by
-    /// the vendor to end before it reports them as still running.
+    /// How long [`crate::VendorLibrary::close`] waits, once the vendor is
+    /// unmapped, for threads it started to end before closing the libraries
+    /// they run in (a library a thread still runs in is left mapped and
+    /// reported). When the vendor stays mapped it does not wait.
     pub thread_exit_timeout: Duration,
 }
 

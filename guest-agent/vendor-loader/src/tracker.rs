@@ -43,11 +43,12 @@ pub(crate) struct ThreadEntry {
     pub start_object: Option<ObjectId>,
 }
 
-/// A kernel task, identified across tid reuse by its start time.
+/// A kernel task, identified across tid reuse by its start time (when
+/// procfs could tell it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Task {
     pub tid: libc::pid_t,
-    pub start_time: u64,
+    pub start_time: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -340,7 +341,7 @@ extern "C" fn vendor_thread_main(payload: *mut c_void) -> *mut c_void {
     bookkeeping("thread start", || {
         let task = crate::threads::current_task();
         if let Some(entry) = lock().threads.iter_mut().find(|t| t.serial == serial) {
-            entry.task = task;
+            entry.task = Some(task);
         }
     });
     // Nothing with a destructor is alive here: if the vendor ends the thread
