@@ -1,9 +1,212 @@
 //! `cargo xtask`: the project's build, test and demo driver.
+//!
+//! * `cargo xtask test` — everything CI runs: formatting, clippy, unit and
+//!   integration tests (the OpenCL corpus on PoCL).
+//! * `cargo xtask demo` — an OpenCL app suspended (GPU state in RAM, vendor
+//!   library unloaded) and resumed many times, checked against a native run.
+//! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
 
-fn main() -> anyhow::Result<()> {
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace")
+        .to_path_buf()
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: {cmd:?}");
+    let st = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed with {st}");
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+/// Debian packages the OpenCL tiers need: the ICD loader and headers, PoCL as
+/// the CPU vendor, gcc for the C corpus.
+const PACKAGES: &[&str] = &[
+    "ocl-icd-opencl-dev",
+    "ocl-icd-libopencl1",
+    "opencl-headers",
+    "pocl-opencl-icd",
+    "clinfo",
+    "gcc",
+];
+
+fn missing_packages() -> Vec<&'static str> {
+    PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        })
+        .collect()
+}
+
+/// Installs what is missing (as root, through apt), or says what to install.
+fn ensure_packages() -> Result<()> {
+    let missing = missing_packages();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc_geteuid() } != 0 {
+        bail!("missing Debian packages {missing:?}; install them with apt-get (needs root)");
+    }
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+unsafe extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+fn test() -> Result<()> {
+    let t = Instant::now();
+    ensure_packages()?;
+    run(cargo().args(["fmt", "--all", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo().args(["test", "--workspace"]))?;
+    eprintln!(
+        "xtask: all tiers passed in {:.0} s",
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn result_line(out: &[u8]) -> String {
+    String::from_utf8_lossy(out)
+        .lines()
+        .find(|l| l.starts_with("RESULT "))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The local cycle until the emulated Xen host carries the whole migration:
+/// run an app natively, then under crane while suspending (GPU state to RAM,
+/// vendor library unloaded) and resuming it, and compare.
+fn demo(args: &[String]) -> Result<()> {
+    ensure_packages()?;
+    run(cargo().args(["build", "--release", "-p", "crane-opencl", "-p", "cranectl"]))?;
+    let apps = root().join("target/testapps");
+    run(Command::new("bash")
+        .arg(root().join("testapps/build.sh"))
+        .arg(&apps))?;
+    let (app, app_args): (PathBuf, Vec<String>) = match args.iter().position(|a| a == "--app") {
+        Some(i) => (
+            PathBuf::from(args.get(i + 1).context("--app needs a path")?),
+            args.iter()
+                .skip_while(|a| *a != "--")
+                .skip(1)
+                .cloned()
+                .collect(),
+        ),
+        None => (
+            apps.join("pingpong"),
+            vec!["--iters".into(), "30000".into()],
+        ),
+    };
+    let lib = root().join("target/release/libcrane_opencl.so");
+    let cranectl = root().join("target/release/cranectl");
+    let run_dir = std::env::temp_dir().join(format!("crane-demo-{}", std::process::id()));
+
+    println!("== native run of {}", app.display());
+    let t = Instant::now();
+    let native = Command::new(&app).args(&app_args).output()?;
+    if !native.status.success() {
+        bail!(
+            "the app failed natively: {}",
+            String::from_utf8_lossy(&native.stderr)
+        );
+    }
+    let want = result_line(&native.stdout);
+    println!("   {want}  ({:.2} s)", t.elapsed().as_secs_f64());
+
+    println!("== the same under libcrane_opencl.so, suspended and resumed while it runs");
+    let t = Instant::now();
+    let child = Command::new(&app)
+        .args(&app_args)
+        .env("LD_PRELOAD", &lib)
+        .env("CRANE_RUN_DIR", &run_dir)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let pid = child.id().to_string();
+    let sock = run_dir.join("apps").join(format!("{pid}.sock"));
+    let waiter = std::thread::spawn(move || child.wait_with_output());
+    let mut cycles = 0;
+    while !waiter.is_finished() && cycles < 10 {
+        std::thread::sleep(Duration::from_millis(150));
+        if !sock.exists() {
+            continue;
+        }
+        let s = Command::new(&cranectl)
+            .args(["suspend", &pid])
+            .env("CRANE_RUN_DIR", &run_dir)
+            .output()?;
+        print!("   {}", String::from_utf8_lossy(&s.stdout));
+        if !s.status.success() {
+            continue;
+        }
+        let r = Command::new(&cranectl)
+            .args(["resume", &pid])
+            .env("CRANE_RUN_DIR", &run_dir)
+            .output()?;
+        print!("   {}", String::from_utf8_lossy(&r.stdout));
+        cycles += 1;
+    }
+    let out = waiter.join().expect("waiter thread")?;
+    let got = result_line(&out.stdout);
+    println!(
+        "   {got}  ({:.2} s, {cycles} suspend/resume cycles)",
+        t.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&run_dir);
+    if got != want || !out.status.success() {
+        bail!("results differ: native {want:?}, under crane {got:?}");
+    }
+    if cycles == 0 {
+        bail!("the app ended before any suspend landed; give it more work");
+    }
+    println!(
+        "== identical to the native run after {cycles} cycles of suspend (vendor library unloaded) and resume"
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("test") => test(),
+        Some("demo") => demo(&args[1..]),
         Some("testbed") => crane_test_vms::cli(&args[1..]),
-        other => anyhow::bail!("unknown xtask command {other:?}"),
+        other => bail!("unknown xtask command {other:?}; try test, demo or testbed"),
     }
 }

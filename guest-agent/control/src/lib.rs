@@ -33,7 +33,9 @@ pub enum Request {
     Status,
     /// Park all GPU state in RAM, release every object and unload the vendor
     /// library; the application's OpenCL calls block until `Resume`.
-    Suspend { deadline_ms: u64 },
+    Suspend {
+        deadline_ms: u64,
+    },
     /// Reload the vendor library, recreate every object, re-inject memory.
     Resume,
 }
@@ -105,24 +107,42 @@ pub struct Response {
 
 impl Response {
     pub fn error(msg: impl Into<String>) -> Response {
-        Response { ok: false, error: Some(msg.into()), status: None, phases: Vec::new(), residue: None }
+        Response {
+            ok: false,
+            error: Some(msg.into()),
+            status: None,
+            phases: Vec::new(),
+            residue: None,
+        }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     #[error("cannot connect to {path}: {source}")]
-    Connect { path: PathBuf, source: std::io::Error },
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the process did not answer on {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the process sent a response that is not valid: {0}")]
     Decode(#[from] serde_json::Error),
 }
 
 /// Sends one request and waits for the response.
 pub fn call(path: &Path, req: &Request, timeout: Duration) -> Result<Response, CallError> {
-    let io = |source| CallError::Io { path: path.to_path_buf(), source };
-    let mut s = UnixStream::connect(path).map_err(|source| CallError::Connect { path: path.to_path_buf(), source })?;
+    let io = |source| CallError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut s = UnixStream::connect(path).map_err(|source| CallError::Connect {
+        path: path.to_path_buf(),
+        source,
+    })?;
     s.set_read_timeout(Some(timeout)).map_err(io)?;
     s.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_vec(req)?;
@@ -136,7 +156,9 @@ pub fn call(path: &Path, req: &Request, timeout: Duration) -> Result<Response, C
 
 /// The pids with a socket in the run directory.
 pub fn list_pids(run_dir: &Path) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(apps_dir(run_dir)) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(apps_dir(run_dir)) else {
+        return Vec::new();
+    };
     let mut pids: Vec<u32> = rd
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str()?.strip_suffix(".sock")?.parse().ok())

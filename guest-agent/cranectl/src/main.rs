@@ -1,1 +1,179 @@
-fn main() {}
+//! `cranectl`: list, suspend and resume interposed OpenCL processes through
+//! their control sockets.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use crane_control::{Request, Response, call, list_pids, run_dir_from_env, socket_path};
+
+const USAGE: &str =
+    "usage: cranectl [--json] list | suspend PID|all [--deadline-ms N] | resume PID|all";
+
+fn targets(run_dir: &Path, which: &str) -> Result<Vec<u32>> {
+    if which == "all" {
+        return Ok(list_pids(run_dir));
+    }
+    Ok(vec![
+        which
+            .parse()
+            .with_context(|| format!("not a pid: {which}"))?,
+    ])
+}
+
+fn print_phases(pid: u32, verb: &str, r: &Response) {
+    let total: f64 = r.phases.iter().map(|p| p.ms).sum();
+    let parts: Vec<String> = r
+        .phases
+        .iter()
+        .map(|p| {
+            if p.bytes > 0 {
+                format!("{} {:.1} ms ({} B)", p.name, p.ms, p.bytes)
+            } else {
+                format!("{} {:.1} ms", p.name, p.ms)
+            }
+        })
+        .collect();
+    println!("{pid}: {verb} in {total:.1} ms: {}", parts.join(", "));
+    if let Some(res) = &r.residue {
+        println!(
+            "{pid}: device fds left {}, device mappings left {}, vendor threads left {}",
+            res.device_fds.len(),
+            res.device_mappings.len(),
+            res.vendor_threads.len()
+        );
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cranectl: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<ExitCode> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let json = args.first().is_some_and(|a| a == "--json");
+    if json {
+        args.remove(0);
+    }
+    let run_dir = run_dir_from_env();
+    let timeout = Duration::from_secs(120);
+    let mut failed = false;
+    match args.first().map(String::as_str) {
+        Some("list") => {
+            if !json {
+                println!(
+                    "{:>8}  {:<11} {:>4} {:>4} {:>5} {:>4} {:>5} {:>5} {:>12} {:>12}  exe",
+                    "pid",
+                    "mode",
+                    "ctx",
+                    "queue",
+                    "mem",
+                    "prog",
+                    "kern",
+                    "event",
+                    "tracked B",
+                    "dirty B"
+                );
+            }
+            for pid in list_pids(&run_dir) {
+                let path = socket_path(&run_dir, pid);
+                match call(&path, &Request::Status, timeout) {
+                    Ok(Response {
+                        status: Some(s), ..
+                    }) => {
+                        if json {
+                            println!("{}", serde_json::to_string(&s)?);
+                        } else {
+                            let o = &s.objects;
+                            println!(
+                                "{:>8}  {:<11} {:>4} {:>5} {:>4} {:>4} {:>5} {:>5} {:>12} {:>12}  {}",
+                                s.pid,
+                                format!("{:?}", s.mode).to_lowercase(),
+                                o.contexts,
+                                o.queues,
+                                o.buffers + o.images,
+                                o.programs,
+                                o.kernels,
+                                o.events,
+                                s.tracked_bytes,
+                                s.dirty_bytes,
+                                s.exe
+                            );
+                        }
+                    }
+                    Ok(r) => eprintln!("{pid}: {}", r.error.unwrap_or_default()),
+                    Err(crane_control::CallError::Connect { .. })
+                        if !Path::new(&format!("/proc/{pid}")).exists() =>
+                    {
+                        // The process is gone; its socket is stale.
+                        let _ = std::fs::remove_file(&path);
+                    }
+                    Err(e) => eprintln!("{pid}: {e}"),
+                }
+            }
+        }
+        Some(verb @ ("suspend" | "resume")) => {
+            let which = args.get(1).map(String::as_str).unwrap_or_else(|| "");
+            if which.is_empty() {
+                bail!("{USAGE}");
+            }
+            let deadline_ms = match args.iter().position(|a| a == "--deadline-ms") {
+                Some(i) => args
+                    .get(i + 1)
+                    .context("--deadline-ms needs a value")?
+                    .parse()?,
+                None => 10_000,
+            };
+            let req = if verb == "suspend" {
+                Request::Suspend { deadline_ms }
+            } else {
+                Request::Resume
+            };
+            for pid in targets(&run_dir, which)? {
+                match call(&socket_path(&run_dir, pid), &req, timeout) {
+                    Ok(r) if r.ok => {
+                        if json {
+                            println!(
+                                "{}",
+                                serde_json::to_string(
+                                    &serde_json::json!({"pid": pid, "phases": r.phases, "residue": r.residue})
+                                )?
+                            );
+                        } else {
+                            print_phases(
+                                pid,
+                                if verb == "suspend" {
+                                    "suspended"
+                                } else {
+                                    "resumed"
+                                },
+                                &r,
+                            );
+                        }
+                    }
+                    Ok(r) => {
+                        failed = true;
+                        eprintln!("{pid}: {verb} failed: {}", r.error.unwrap_or_default());
+                    }
+                    Err(e) => {
+                        failed = true;
+                        eprintln!("{pid}: {e}");
+                    }
+                }
+            }
+        }
+        _ => bail!("{USAGE}"),
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use opencl_sys::*;
 use opencl_sys::cl_icd::_cl_icd_dispatch;
+use opencl_sys::*;
 
 use crate::gate;
 use crate::objects::Callback;
@@ -20,7 +20,11 @@ type EventFn = unsafe extern "C" fn(cl_event, cl_int, *mut c_void);
 
 /// Vendor-facing event callback. `ud` is an `Arc<Callback>` turned raw at
 /// registration.
-pub unsafe extern "C" fn event_trampoline(_vendor_event: cl_event, status: cl_int, ud: *mut c_void) {
+pub unsafe extern "C" fn event_trampoline(
+    _vendor_event: cl_event,
+    status: cl_int,
+    ud: *mut c_void,
+) {
     // SAFETY: `ud` was produced by Arc::into_raw in `register_event` and the
     // vendor calls each registration once.
     let cb = unsafe { Arc::from_raw(ud as *const Callback) };
@@ -38,10 +42,19 @@ pub unsafe extern "C" fn event_trampoline(_vendor_event: cl_event, status: cl_in
 
 /// Registers `cb` on a vendor event.
 pub fn register_event(vendor_event: *mut c_void, cb: &Arc<Callback>) -> cl_int {
-    let Ok(f) = crate::vendor::vfn!(vendor_event, clSetEventCallback) else { return CL_INVALID_OPERATION };
+    let Ok(f) = crate::vendor::vfn!(vendor_event, clSetEventCallback) else {
+        return CL_INVALID_OPERATION;
+    };
     let ud = Arc::into_raw(cb.clone());
     // SAFETY: a live vendor event; the trampoline matches the callback type.
-    let rc = unsafe { f(vendor_event.cast(), cb.kind, Some(event_trampoline), ud as *mut c_void) };
+    let rc = unsafe {
+        f(
+            vendor_event.cast(),
+            cb.kind,
+            Some(event_trampoline),
+            ud as *mut c_void,
+        )
+    };
     if rc != CL_SUCCESS {
         // SAFETY: the vendor did not take the reference.
         drop(unsafe { Arc::from_raw(ud) });
@@ -81,7 +94,11 @@ type SetDestructor = unsafe extern "C" fn(*mut c_void, Option<DestructorFn>, *mu
 /// Hands the application's destructor callbacks to the vendor just before crane
 /// releases the vendor object for good, so they run when the vendor frees it
 /// (after the commands using it). Without vendor support they run at once.
-pub fn hand_over_destructors(list: Vec<Arc<Callback>>, v: *mut c_void, sel: impl FnOnce(&_cl_icd_dispatch) -> Option<usize>) {
+pub fn hand_over_destructors(
+    list: Vec<Arc<Callback>>,
+    v: *mut c_void,
+    sel: impl FnOnce(&_cl_icd_dispatch) -> Option<usize>,
+) {
     if list.is_empty() {
         return;
     }

@@ -23,27 +23,35 @@ pub fn start() {
         let dir = crane_control::apps_dir(&config::get().run_dir);
         let path = crane_control::socket_path(&config::get().run_dir, std::process::id());
         if let Err(e) = std::fs::create_dir_all(&dir) {
-            warn!("cannot create {}: {e}; this process cannot be suspended", dir.display());
+            warn!(
+                "cannot create {}: {e}; this process cannot be suspended",
+                dir.display()
+            );
             return;
         }
         let _ = std::fs::remove_file(&path);
         let listener = match UnixListener::bind(&path) {
             Ok(l) => l,
             Err(e) => {
-                warn!("cannot listen on {}: {e}; this process cannot be suspended", path.display());
+                warn!(
+                    "cannot listen on {}: {e}; this process cannot be suspended",
+                    path.display()
+                );
                 return;
             }
         };
         let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
         debug!("control socket {}", path.display());
-        let spawned = std::thread::Builder::new().name("crane-control".into()).spawn(move || {
-            for conn in listener.incoming() {
-                match conn {
-                    Ok(s) => serve(s),
-                    Err(e) => debug!("control accept: {e}"),
+        let spawned = std::thread::Builder::new()
+            .name("crane-control".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    match conn {
+                        Ok(s) => serve(s),
+                        Err(e) => debug!("control accept: {e}"),
+                    }
                 }
-            }
-        });
+            });
         if let Err(e) = spawned {
             warn!("cannot start the control thread: {e}");
         }
@@ -53,7 +61,10 @@ pub fn start() {
 }
 
 extern "C" fn remove_socket() {
-    let _ = std::fs::remove_file(crane_control::socket_path(&config::get().run_dir, std::process::id()));
+    let _ = std::fs::remove_file(crane_control::socket_path(
+        &config::get().run_dir,
+        std::process::id(),
+    ));
 }
 
 fn serve(s: UnixStream) {
@@ -73,13 +84,20 @@ fn serve(s: UnixStream) {
 }
 
 fn handle(req: Request) -> Response {
-    let ok = |phases, residue| Response { ok: true, error: None, status: None, phases, residue };
+    let ok = |phases, residue| Response {
+        ok: true,
+        error: None,
+        status: None,
+        phases,
+        residue,
+    };
     match req {
         Request::Status => {
             // Counting objects needs them to hold still: pause the application's
             // calls briefly (they already are while suspended).
             let paused = lifecycle::mode() == Mode::Passthrough;
-            if paused && gate::shut(gate::CLOSED, Instant::now() + Duration::from_secs(2)).is_err() {
+            if paused && gate::shut(gate::CLOSED, Instant::now() + Duration::from_secs(2)).is_err()
+            {
                 gate::open();
                 return Response::error("the process stayed inside OpenCL calls; try again");
             }
@@ -88,11 +106,19 @@ fn handle(req: Request) -> Response {
                 gate::open();
             }
             match st {
-                Ok(st) => Response { ok: true, error: None, status: Some(st), phases: Vec::new(), residue: None },
+                Ok(st) => Response {
+                    ok: true,
+                    error: None,
+                    status: Some(st),
+                    phases: Vec::new(),
+                    residue: None,
+                },
                 Err(_) => Response::error("internal error while counting objects"),
             }
         }
-        Request::Suspend { deadline_ms } => match std::panic::catch_unwind(|| lifecycle::suspend(Duration::from_millis(deadline_ms))) {
+        Request::Suspend { deadline_ms } => match std::panic::catch_unwind(|| {
+            lifecycle::suspend(Duration::from_millis(deadline_ms))
+        }) {
             Ok(Ok((phases, residue))) => ok(phases, Some(residue)),
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during suspend"),

@@ -57,7 +57,12 @@ pub fn infallible<T>(fallback: T, f: impl FnOnce() -> T) -> T {
 /// Writes an info query's answer the way every clGet*Info does: `size_ret` gets
 /// the size, `value` (if not null) gets the bytes, and a too-small
 /// `value_size` is CL_INVALID_VALUE.
-pub fn write_info(bytes: &[u8], value_size: usize, value: *mut c_void, size_ret: *mut usize) -> ClResult<()> {
+pub fn write_info(
+    bytes: &[u8],
+    value_size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> ClResult<()> {
     if !value.is_null() {
         if value_size < bytes.len() {
             return Err(CL_INVALID_VALUE);
@@ -76,7 +81,9 @@ pub fn write_info(bytes: &[u8], value_size: usize, value: *mut c_void, size_ret:
 /// The bytes of a plain value, for `write_info`.
 pub fn bytes_of<T: Copy>(v: &T) -> &[u8] {
     // SAFETY: any initialised Copy value may be viewed as its bytes.
-    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), std::mem::size_of::<T>()) }
+    unsafe {
+        std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), std::mem::size_of::<T>())
+    }
 }
 
 /// The bytes of a slice of plain values, for `write_info`.

@@ -164,14 +164,20 @@ pub fn enter_callback() -> Pass {
 /// True if the calling thread is inside an entry point (e.g. a callback running
 /// inside a vendor call).
 pub fn in_call() -> bool {
-    MINE.with(Cell::get).is_some_and(|s| s.depth.load(Ordering::Relaxed) > 0)
+    MINE.with(Cell::get)
+        .is_some_and(|s| s.depth.load(Ordering::Relaxed) > 0)
 }
 
 fn heavy_barrier() {
     if MEMBARRIER_OK.load(Ordering::Acquire) {
         // SAFETY: see `init`.
         unsafe {
-            libc::syscall(libc::SYS_membarrier, libc::MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+            libc::syscall(
+                libc::SYS_membarrier,
+                libc::MEMBARRIER_CMD_PRIVATE_EXPEDITED,
+                0,
+                0,
+            );
         }
     } else {
         fence(Ordering::SeqCst);

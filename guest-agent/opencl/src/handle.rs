@@ -90,11 +90,17 @@ fn arena() -> &'static Arena {
                 0,
             )
         };
-        assert!(base != libc::MAP_FAILED, "crane: cannot reserve the handle arena");
+        assert!(
+            base != libc::MAP_FAILED,
+            "crane: cannot reserve the handle arena"
+        );
         ARENA_BASE.store(base as usize, Ordering::Release);
         Arena {
             base: base.cast(),
-            free: Mutex::new(FreeList { next_unused: 0, recycled: Default::default() }),
+            free: Mutex::new(FreeList {
+                next_unused: 0,
+                recycled: Default::default(),
+            }),
         }
     })
 }
@@ -103,7 +109,7 @@ fn arena() -> &'static Arena {
 #[inline(always)]
 pub fn slot_of(p: *const c_void, kind: Kind) -> Option<&'static Slot> {
     let off = (p as usize).wrapping_sub(ARENA_BASE.load(Ordering::Relaxed));
-    if off >= ARENA_USED.load(Ordering::Acquire) || off % SLOT_SIZE != 0 {
+    if off >= ARENA_USED.load(Ordering::Acquire) || !off.is_multiple_of(SLOT_SIZE) {
         return None;
     }
     // SAFETY: `off` lies inside the part of the arena handed out so far, which is
@@ -166,7 +172,10 @@ pub fn publish<T: ClObject>(obj: Arc<T>) -> *mut Slot {
         if free.recycled.len() > 1024 {
             free.recycled.pop_front().expect("non-empty")
         } else {
-            assert!(free.next_unused < ARENA_SLOTS, "crane: handle arena exhausted");
+            assert!(
+                free.next_unused < ARENA_SLOTS,
+                "crane: handle arena exhausted"
+            );
             free.next_unused += 1;
             ARENA_USED.store(free.next_unused * SLOT_SIZE, Ordering::Release);
             free.next_unused - 1
@@ -194,7 +203,11 @@ fn free_slot(slot: &Slot) {
     slot.object.store(ptr::null_mut(), Ordering::Release);
     let a = arena();
     let index = (ptr::from_ref(slot) as usize - a.base as usize) / SLOT_SIZE;
-    a.free.lock().unwrap_or_else(|e| e.into_inner()).recycled.push_back(index);
+    a.free
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .recycled
+        .push_back(index);
 }
 
 /// Borrow of the object behind a live handle.
@@ -281,7 +294,9 @@ pub fn on_drop(base: &Base) {
 /// the gate is closed (suspend/resume/list), never on a hot path.
 pub fn live<T: ClObject>() -> Vec<Arc<T>> {
     let used = ARENA_USED.load(Ordering::Acquire) / SLOT_SIZE;
-    let Some(a) = ARENA.get() else { return Vec::new() };
+    let Some(a) = ARENA.get() else {
+        return Vec::new();
+    };
     (0..used)
         .filter_map(|i| {
             // SAFETY: i < used <= ARENA_SLOTS.

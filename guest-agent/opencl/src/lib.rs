@@ -10,6 +10,11 @@
 //! family; `objects` the shadow objects; `handle` crane's handles; `gate` the
 //! suspend gate every call passes.
 
+// Handles reach crane's internal functions as raw pointers; each is checked
+// against crane's handle arena (`handle::slot_of`) before anything is read
+// through it, and vendor pointers are only passed back to the vendor.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
 pub mod api;
 mod callbacks;
 pub mod config;
@@ -21,3 +26,20 @@ pub mod handle;
 pub mod lifecycle;
 pub mod objects;
 pub mod vendor;
+
+/// Runs when the library is loaded. PoCL joins its worker threads on
+/// clUnloadPlatformCompiler only if POCL_ENABLE_UNINIT is set in the
+/// environment, and the environment may only be changed safely before the
+/// application starts threads: LD_PRELOAD and drop-in loading run this before
+/// `main`.
+extern "C" fn on_load() {
+    if std::env::var_os("POCL_ENABLE_UNINIT").is_none() {
+        // SAFETY: runs from the dynamic loader's initialisers, before the
+        // application's own code, when no other thread reads the environment.
+        unsafe { std::env::set_var("POCL_ENABLE_UNINIT", "1") };
+    }
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

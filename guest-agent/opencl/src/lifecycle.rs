@@ -3,14 +3,14 @@
 //! one. Both run on the control thread with the gate shut.
 
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crane_control::{Mode, Phase, Residue};
 use crane_vendor_loader::DevicePolicy;
-use opencl_sys::*;
 use opencl_sys::cl_icd::_cl_icd_dispatch;
+use opencl_sys::*;
 
 use crate::api::{self, kernel, memory, program, queue as queue_api};
 use crate::callbacks::PENDING_BUILDS;
@@ -48,7 +48,15 @@ fn event_status(v: *mut c_void) -> Option<cl_int> {
     let mut s: cl_int = 0;
     let f = vfn!(v, clGetEventInfo).ok()?;
     // SAFETY: one cl_int.
-    let rc = unsafe { f(v.cast(), CL_EVENT_COMMAND_EXECUTION_STATUS, 4, (&raw mut s).cast(), std::ptr::null_mut()) };
+    let rc = unsafe {
+        f(
+            v.cast(),
+            CL_EVENT_COMMAND_EXECUTION_STATUS,
+            4,
+            (&raw mut s).cast(),
+            std::ptr::null_mut(),
+        )
+    };
     (rc == CL_SUCCESS).then_some(s)
 }
 
@@ -59,11 +67,18 @@ struct Timer {
 
 impl Timer {
     fn new() -> Timer {
-        Timer { phases: Vec::new(), t: Instant::now() }
+        Timer {
+            phases: Vec::new(),
+            t: Instant::now(),
+        }
     }
     fn lap(&mut self, name: &str, bytes: u64) {
         let now = Instant::now();
-        self.phases.push(Phase { name: name.into(), ms: (now - self.t).as_secs_f64() * 1e3, bytes });
+        self.phases.push(Phase {
+            name: name.into(),
+            ms: (now - self.t).as_secs_f64() * 1e3,
+            bytes,
+        });
         self.t = now;
     }
 }
@@ -76,10 +91,21 @@ fn policy() -> DevicePolicy {
 pub fn residue() -> Residue {
     let mut r = Residue::default();
     if let Ok(res) = crane_vendor_loader::device_residue(&policy()) {
-        r.device_fds = res.fds.iter().map(|f| format!("{} -> {}", f.fd, f.target.display())).collect();
-        r.device_mappings = res.mappings.iter().map(|m| m.path.display().to_string()).collect();
+        r.device_fds = res
+            .fds
+            .iter()
+            .map(|f| format!("{} -> {}", f.fd, f.target.display()))
+            .collect();
+        r.device_mappings = res
+            .mappings
+            .iter()
+            .map(|m| m.path.display().to_string())
+            .collect();
     }
-    r.vendor_threads = crane_vendor_loader::vendor_threads_alive().iter().filter_map(|t| t.tid).collect();
+    r.vendor_threads = crane_vendor_loader::vendor_threads_alive()
+        .iter()
+        .filter_map(|t| t.tid)
+        .collect();
     r
 }
 
@@ -91,42 +117,37 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     }
     let end = Instant::now() + deadline;
     let mut tm = Timer::new();
-    if let Err(n) = gate::shut(gate::QUIESCING, end) {
-        gate::open();
-        return Err(format!("{n} thread(s) stayed inside OpenCL calls past the deadline"));
-    }
-    let (svm_n, _) = api::svm::live_bytes();
-    if svm_n > 0 {
-        gate::open();
-        return Err(format!("{svm_n} SVM allocation(s) are live; SVM addresses cannot be re-created after reloading the vendor library"));
-    }
-    if vendor::is_loaded() {
-        if let Err(e) = drain(end) {
-            gate::open();
-            return Err(e);
-        }
-    }
+    quiesce_and_drain(end)?;
     tm.lap("drain", 0);
     if let Err(n) = gate::shut(gate::CLOSED, end) {
         gate::open();
-        return Err(format!("{n} thread(s) stayed inside OpenCL calls past the deadline"));
+        return Err(format!(
+            "{n} thread(s) stayed inside OpenCL calls past the deadline"
+        ));
     }
     let bytes = match read_back() {
         Ok(b) => b,
         Err(e) => {
             gate::open();
-            return Err(format!("reading device memory back failed with OpenCL error {e}"));
+            return Err(format!(
+                "reading device memory back failed with OpenCL error {e}"
+            ));
         }
     };
     tm.lap("read-dirty", bytes);
     save_events();
     release_all();
+    unload_compilers();
     tm.lap("release", 0);
     let reports = vendor::unload(&policy());
     let mut res = residue();
     for r in reports {
         match r {
-            Ok(rep) => res.libraries_still_mapped.extend(rep.libraries_still_mapped.iter().map(|l| l.path.display().to_string())),
+            Ok(rep) => res.libraries_still_mapped.extend(
+                rep.libraries_still_mapped
+                    .iter()
+                    .map(|l| l.path.display().to_string()),
+            ),
             Err(e) => warn!("unloading a vendor library: {e}"),
         }
     }
@@ -136,16 +157,65 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     Ok((tm.phases, res))
 }
 
-/// Finishes every queue; a helper thread does it so that a queue stuck behind a
-/// user event nobody sets cannot hold the suspend past its deadline.
-fn drain(end: Instant) -> Result<(), String> {
-    let queues: Vec<usize> = handle::live::<Queue>().iter().map(|q| q.base.vendor() as usize).filter(|&v| v != 0).collect();
+/// Stops new calls and finishes every queue. A queue may be held up by a user
+/// event that the application sets only after further OpenCL calls of its own;
+/// then the gate is opened again while the queues drain in the background, and
+/// the whole step is retried until the deadline.
+fn quiesce_and_drain(end: Instant) -> Result<(), String> {
+    loop {
+        if let Err(n) = gate::shut(gate::QUIESCING, end) {
+            gate::open();
+            return Err(format!(
+                "{n} thread(s) stayed inside OpenCL calls past the deadline"
+            ));
+        }
+        let (svm_n, _) = api::svm::live_bytes();
+        if svm_n > 0 {
+            gate::open();
+            return Err(format!(
+                "{svm_n} SVM allocation(s) are live; SVM addresses cannot be re-created after reloading the vendor library"
+            ));
+        }
+        if !vendor::is_loaded() {
+            return Ok(());
+        }
+        let rx = start_drain()?;
+        let quick = (Instant::now() + Duration::from_millis(50)).min(end);
+        if rx
+            .recv_timeout(quick.saturating_duration_since(Instant::now()))
+            .is_ok()
+        {
+            match wait_callbacks(end) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    gate::open();
+                    return Err(e);
+                }
+            }
+        }
+        // Let the application run on (and set its user events) while the queues
+        // drain, then try again.
+        gate::open();
+        if rx
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+            .is_err()
+        {
+            return Err("queues did not drain before the deadline (a command waits on a user event that is not set)".into());
+        }
+    }
+}
+
+/// Finishes every queue on a helper thread, which signals when done.
+fn start_drain() -> Result<std::sync::mpsc::Receiver<()>, String> {
+    // Strong references: the application may release a queue while it drains.
+    let queues = handle::live::<Queue>();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("crane-drain".into())
         .spawn(move || {
-            for v in queues {
-                if let Ok(f) = vfn!(v as *mut c_void, clFinish) {
+            for q in queues {
+                let v = q.base.vendor();
+                if let Ok(f) = vfn!(v, clFinish) {
                     // SAFETY: a live vendor queue.
                     unsafe { f(v as cl_command_queue) };
                 }
@@ -153,9 +223,11 @@ fn drain(end: Instant) -> Result<(), String> {
             let _ = tx.send(());
         })
         .map_err(|e| format!("cannot start the drain thread: {e}"))?;
-    rx.recv_timeout(end.saturating_duration_since(Instant::now()))
-        .map_err(|_| "queues did not drain before the deadline (a command may wait on a user event that is not set)".to_string())?;
-    // Callbacks the vendor still owes for completed work.
+    Ok(rx)
+}
+
+/// Waits for the callbacks the vendor still owes for completed work.
+fn wait_callbacks(end: Instant) -> Result<(), String> {
     while PENDING_BUILDS.load(Ordering::Acquire) > 0 || unfired_callbacks() > 0 {
         if Instant::now() >= end {
             return Err("build or event callbacks did not run before the deadline".into());
@@ -168,15 +240,28 @@ fn drain(end: Instant) -> Result<(), String> {
 fn unfired_callbacks() -> usize {
     handle::live::<Event>()
         .iter()
-        .filter(|e| e.base.vendor().is_null() || event_status(e.base.vendor()).is_some_and(|s| s <= CL_COMPLETE))
-        .map(|e| e.callbacks.lock().unwrap_or_else(|x| x.into_inner()).iter().filter(|c| !c.fired.load(Ordering::Acquire)).count())
+        .filter(|e| {
+            e.base.vendor().is_null()
+                || event_status(e.base.vendor()).is_some_and(|s| s <= CL_COMPLETE)
+        })
+        .map(|e| {
+            e.callbacks
+                .lock()
+                .unwrap_or_else(|x| x.into_inner())
+                .iter()
+                .filter(|c| !c.fired.load(Ordering::Acquire))
+                .count()
+        })
         .sum()
 }
 
 /// A vendor queue on `ctx` for crane's own transfers: one of the application's,
 /// or a temporary one (returned second, to be released).
 fn transfer_queue(ctx: &Context) -> ClResult<(*mut c_void, bool)> {
-    if let Some(q) = handle::live::<Queue>().iter().find(|q| std::ptr::eq(&*q.context, ctx) && !q.base.vendor().is_null()) {
+    if let Some(q) = handle::live::<Queue>()
+        .iter()
+        .find(|q| std::ptr::eq(&*q.context, ctx) && !q.base.vendor().is_null())
+    {
         return Ok((q.base.vendor(), false));
     }
     let vc = ctx.base.vendor();
@@ -207,8 +292,15 @@ fn read_back() -> ClResult<u64> {
         if v.is_null() || matches!(m.kind, MemKind::SubBuffer { .. } | MemKind::Pipe { .. }) {
             continue;
         }
-        let has_copy = m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data.is_some();
-        let needed = m.ever_written.load(Ordering::Relaxed) && (m.dirty.load(Ordering::Relaxed) || (!has_copy && m.flags & CL_MEM_USE_HOST_PTR == 0));
+        let has_copy = m
+            .shadow
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .data
+            .is_some();
+        let needed = m.ever_written.load(Ordering::Relaxed)
+            && (m.dirty.load(Ordering::Relaxed)
+                || (!has_copy && m.flags & CL_MEM_USE_HOST_PTR == 0));
         if !needed {
             continue;
         }
@@ -223,9 +315,7 @@ fn read_back() -> ClResult<u64> {
                     dst = data.as_mut_ptr();
                 }
                 with_queue(&m.context, |q| {
-                    // SAFETY: `dst` holds m.size bytes (crane's vector or the
-                    // application's host pointer region of that size).
-                    check(unsafe { vfn!(q, clEnqueueReadBuffer)?(q, v.cast(), CL_TRUE, 0, m.size, dst.cast(), 0, std::ptr::null(), std::ptr::null_mut()) })
+                    read_buffer(&m.context, q, v, m.flags, m.size, dst)
                 })?;
                 if m.flags & CL_MEM_USE_HOST_PTR == 0 {
                     m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
@@ -240,7 +330,19 @@ fn read_back() -> ClResult<u64> {
                 with_queue(&m.context, |q| {
                     // SAFETY: `data` holds the whole image tightly packed.
                     check(unsafe {
-                        vfn!(q, clEnqueueReadImage)?(q, v.cast(), CL_TRUE, origin.as_ptr(), region.as_ptr(), region[0] * px, region[0] * region[1] * px, data.as_mut_ptr().cast(), 0, std::ptr::null(), std::ptr::null_mut())
+                        vfn!(q, clEnqueueReadImage)?(
+                            q,
+                            v.cast(),
+                            CL_TRUE,
+                            origin.as_ptr(),
+                            region.as_ptr(),
+                            region[0] * px,
+                            region[0] * region[1] * px,
+                            data.as_mut_ptr().cast(),
+                            0,
+                            std::ptr::null(),
+                            std::ptr::null_mut(),
+                        )
                     })
                 })?;
                 bytes += data.len() as u64;
@@ -253,22 +355,106 @@ fn read_back() -> ClResult<u64> {
     Ok(bytes)
 }
 
+/// Reads a whole buffer. Buffers the host may not read
+/// (CL_MEM_HOST_WRITE_ONLY / CL_MEM_HOST_NO_ACCESS) go through a scratch buffer
+/// on the device.
+fn read_buffer(
+    ctx: &Context,
+    q: cl_command_queue,
+    v: *mut c_void,
+    flags: cl_mem_flags,
+    size: usize,
+    dst: *mut u8,
+) -> ClResult<()> {
+    let read = |src: *mut c_void| {
+        // SAFETY: `dst` holds `size` bytes.
+        check(unsafe {
+            vfn!(q, clEnqueueReadBuffer)?(
+                q,
+                src.cast(),
+                CL_TRUE,
+                0,
+                size,
+                dst.cast(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        })
+    };
+    if flags & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) == 0 {
+        return read(v);
+    }
+    let vc = ctx.base.vendor();
+    let mut err = CL_SUCCESS;
+    // SAFETY: a scratch buffer on the vendor context.
+    let scratch = unsafe {
+        vfn!(vc, clCreateBuffer)?(
+            vc.cast(),
+            CL_MEM_READ_WRITE,
+            size,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    check(err)?;
+    // SAFETY: copying between two vendor buffers of `size` bytes.
+    let r = check(unsafe {
+        vfn!(q, clEnqueueCopyBuffer)?(
+            q,
+            v.cast(),
+            scratch,
+            0,
+            0,
+            size,
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    })
+    .and_then(|()| read(scratch.cast()));
+    // SAFETY: the scratch buffer made above.
+    unsafe { vendor::release(scratch.cast(), |d| d.clReleaseMemObject) };
+    r
+}
+
 fn save_events() {
     for e in handle::live::<Event>() {
         let v = e.base.vendor();
         if v.is_null() {
             continue;
         }
-        let status = if e.is_user() { e.user_status.load(Ordering::Acquire) } else { event_status(v).unwrap_or(CL_COMPLETE) };
+        let status = if e.is_user() {
+            e.user_status.load(Ordering::Acquire)
+        } else {
+            event_status(v).unwrap_or(CL_COMPLETE)
+        };
         e.final_status.store(status, Ordering::Release);
-        let profiled = e.queue.as_ref().is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
+        let profiled = e
+            .queue
+            .as_ref()
+            .is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
         if profiled && status == CL_COMPLETE {
             let mut vals = [0u64; 5];
-            let params = [CL_PROFILING_COMMAND_QUEUED, CL_PROFILING_COMMAND_SUBMIT, CL_PROFILING_COMMAND_START, CL_PROFILING_COMMAND_END, CL_PROFILING_COMMAND_COMPLETE];
+            let params = [
+                CL_PROFILING_COMMAND_QUEUED,
+                CL_PROFILING_COMMAND_SUBMIT,
+                CL_PROFILING_COMMAND_START,
+                CL_PROFILING_COMMAND_END,
+                CL_PROFILING_COMMAND_COMPLETE,
+            ];
             for (slot, p) in vals.iter_mut().zip(params) {
                 if let Ok(f) = vfn!(v, clGetEventProfilingInfo) {
                     // SAFETY: one cl_ulong.
-                    unsafe { f(v.cast(), p, 8, (slot as *mut u64).cast(), std::ptr::null_mut()) };
+                    unsafe {
+                        f(
+                            v.cast(),
+                            p,
+                            8,
+                            (slot as *mut u64).cast(),
+                            std::ptr::null_mut(),
+                        )
+                    };
                 }
             }
             if vals[4] == 0 {
@@ -279,7 +465,10 @@ fn save_events() {
     }
 }
 
-fn release_kind<T: ClObject, F: Copy>(sel: impl Fn(&_cl_icd_dispatch) -> Option<F> + Copy, filter: impl Fn(&T) -> bool) {
+fn release_kind<T: ClObject, F: Copy>(
+    sel: impl Fn(&_cl_icd_dispatch) -> Option<F> + Copy,
+    filter: impl Fn(&T) -> bool,
+) {
     for o in handle::live::<T>() {
         if !filter(&o) {
             continue;
@@ -306,15 +495,34 @@ fn release_all() {
     }
     release_kind::<Kernel, _>(rel!(clReleaseKernel), |_| true);
     release_kind::<Event, _>(rel!(clReleaseEvent), |_| true);
-    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| matches!(m.kind, MemKind::Image { .. }));
-    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| matches!(m.kind, MemKind::SubBuffer { .. }));
+    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| {
+        matches!(m.kind, MemKind::Image { .. })
+    });
+    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| {
+        matches!(m.kind, MemKind::SubBuffer { .. })
+    });
     release_kind::<Mem, _>(rel!(clReleaseMemObject), |_| true);
     release_kind::<Sampler, _>(rel!(clReleaseSampler), |_| true);
-    release_kind::<Program, _>(rel!(clReleaseProgram), |p| matches!(p.source, ProgramSource::Linked { .. }));
+    release_kind::<Program, _>(rel!(clReleaseProgram), |p| {
+        matches!(p.source, ProgramSource::Linked { .. })
+    });
     release_kind::<Program, _>(rel!(clReleaseProgram), |_| true);
     release_kind::<Queue, _>(rel!(clReleaseCommandQueue), |_| true);
     release_kind::<Context, _>(rel!(clReleaseContext), |_| true);
     release_kind::<Device, _>(rel!(clReleaseDevice), |d| d.parent.is_some());
+}
+
+/// Asks each platform to drop its compiler and, on PoCL with
+/// POCL_ENABLE_UNINIT=1, to join its worker threads (see
+/// guest-agent/vendor-loader/NOTES.md).
+fn unload_compilers() {
+    for p in vendor::platforms().unwrap_or_default() {
+        let v = p.base.vendor();
+        if let Ok(f) = vfn!(v, clUnloadPlatformCompiler) {
+            // SAFETY: a live vendor platform with no objects left.
+            unsafe { f(v.cast()) };
+        }
+    }
 }
 
 /// Resumes after `suspend`: reload, recreate in dependency order, re-inject.
@@ -323,19 +531,28 @@ pub fn resume() -> Result<Vec<Phase>, String> {
         return Err("the process is not suspended".into());
     }
     let mut tm = Timer::new();
-    vendor::load().map_err(|e| format!("reloading the vendor library failed with OpenCL error {e}"))?;
+    vendor::load()
+        .map_err(|e| format!("reloading the vendor library failed with OpenCL error {e}"))?;
     tm.lap("reload", 0);
-    recreate().map_err(|e| format!("recreating objects failed with OpenCL error {e}; the process stays suspended"))?;
+    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
+    recreate(&mut bytes, &mut inject).map_err(|e| {
+        format!("recreating objects failed with OpenCL error {e}; the process stays suspended")
+    })?;
     tm.lap("recreate", 0);
-    let bytes = reinject().map_err(|e| format!("re-injecting memory failed with OpenCL error {e}"))?;
-    tm.lap("reinject", bytes);
+    let rec = tm.phases.last_mut().expect("just pushed");
+    rec.ms -= inject.as_secs_f64() * 1e3;
+    tm.phases.push(Phase {
+        name: "reinject".into(),
+        ms: inject.as_secs_f64() * 1e3,
+        bytes,
+    });
     *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Passthrough;
     gate::open();
     debug!("resumed: {:?}", tm.phases);
     Ok(tm.phases)
 }
 
-fn recreate() -> ClResult<()> {
+fn recreate(reinjected: &mut u64, reinject_time: &mut Duration) -> ClResult<()> {
     // Sub-devices, parents first (slot order is creation order for a chain).
     for d in handle::live::<Device>() {
         let Some(parent) = &d.parent else { continue };
@@ -362,10 +579,32 @@ fn recreate() -> ClResult<()> {
             let this_pass = match &m.kind {
                 MemKind::Buffer | MemKind::Pipe { .. } => 0,
                 MemKind::SubBuffer { .. } => 1,
-                MemKind::Image { buffer, .. } => if buffer.is_some() { 2 } else { 0 },
+                MemKind::Image { buffer, .. } => {
+                    if buffer.is_some() {
+                        2
+                    } else {
+                        0
+                    }
+                }
             };
             if this_pass == pass {
-                m.base.set_vendor(memory::vendor_create(m, None)?);
+                // Objects with a RAM copy are created from it (CL_MEM_COPY_HOST_PTR
+                // works whatever the host access flags); that is the re-injection.
+                let t = Instant::now();
+                let sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+                let init = match (&m.kind, &sh.data) {
+                    (MemKind::Buffer | MemKind::Image { buffer: None, .. }, Some(d))
+                        if m.flags & CL_MEM_USE_HOST_PTR == 0 =>
+                    {
+                        Some(d.as_ptr().cast::<c_void>())
+                    }
+                    _ => None,
+                };
+                m.base.set_vendor(memory::vendor_create(m, init)?);
+                if init.is_some() {
+                    *reinjected += sh.data.as_ref().map_or(0, |d| d.len() as u64);
+                    *reinject_time += t.elapsed();
+                }
             }
         }
     }
@@ -402,7 +641,9 @@ fn recreate() -> ClResult<()> {
         }
         for (param, bytes) in k.exec_info.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             // SAFETY: recorded exec info.
-            check(unsafe { vfn!(vk, clSetKernelExecInfo)?(vk, *param, bytes.len(), bytes.as_ptr().cast()) })?;
+            check(unsafe {
+                vfn!(vk, clSetKernelExecInfo)?(vk, *param, bytes.len(), bytes.as_ptr().cast())
+            })?;
         }
     }
     // Events become user events carrying their final status.
@@ -427,47 +668,20 @@ fn recreate() -> ClResult<()> {
     Ok(())
 }
 
-fn reinject() -> ClResult<u64> {
-    let mut bytes = 0;
-    for m in handle::live::<Mem>() {
-        let sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(data) = &sh.data else { continue };
-        let v = m.base.vendor();
-        match &m.kind {
-            MemKind::Buffer if m.flags & CL_MEM_USE_HOST_PTR == 0 => {
-                with_queue(&m.context, |q| {
-                    // SAFETY: the RAM copy of the whole buffer.
-                    check(unsafe { vfn!(q, clEnqueueWriteBuffer)?(q, v.cast(), CL_TRUE, 0, data.len().min(m.size), data.as_ptr().cast(), 0, std::ptr::null(), std::ptr::null_mut()) })
-                })?;
-                bytes += data.len() as u64;
-            }
-            MemKind::Image { format, desc, .. } => {
-                let region = memory::image_region(desc);
-                let px = memory::pixel_size(format);
-                let origin = [0usize; 3];
-                with_queue(&m.context, |q| {
-                    // SAFETY: the tightly packed RAM copy of the image.
-                    check(unsafe {
-                        vfn!(q, clEnqueueWriteImage)?(q, v.cast(), CL_TRUE, origin.as_ptr(), region.as_ptr(), region[0] * px, region[0] * region[1] * px, data.as_ptr().cast(), 0, std::ptr::null(), std::ptr::null_mut())
-                    })
-                })?;
-                bytes += data.len() as u64;
-            }
-            _ => {}
-        }
-    }
-    Ok(bytes)
-}
-
 /// Object counts and byte totals for `cranectl list`.
 pub fn status() -> crane_control::AppStatus {
     let mems = handle::live::<Mem>();
-    let roots = mems.iter().filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }));
+    let roots = mems
+        .iter()
+        .filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }));
     let mut tracked = 0u64;
     let mut dirty = 0u64;
     for m in roots {
         let size = match &m.kind {
-            MemKind::Image { format, desc, .. } => (memory::image_region(desc).iter().product::<usize>() * memory::pixel_size(format)) as u64,
+            MemKind::Image { format, desc, .. } => {
+                (memory::image_region(desc).iter().product::<usize>() * memory::pixel_size(format))
+                    as u64
+            }
             _ => m.size as u64,
         };
         tracked += size;
@@ -477,7 +691,9 @@ pub fn status() -> crane_control::AppStatus {
     }
     crane_control::AppStatus {
         pid: std::process::id(),
-        exe: std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default(),
+        exe: std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
         mode: mode(),
         objects: crane_control::ObjectCounts {
             contexts: handle::live::<Context>().len(),
@@ -492,6 +708,9 @@ pub fn status() -> crane_control::AppStatus {
         },
         tracked_bytes: tracked,
         dirty_bytes: dirty,
-        vendors: vendor::loaded_paths().iter().map(|p| p.display().to_string()).collect(),
+        vendors: vendor::loaded_paths()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
     }
 }

@@ -84,7 +84,8 @@ impl Drop for Device {
     }
 }
 
-pub type ContextNotify = Option<unsafe extern "C" fn(*const std::ffi::c_char, *const c_void, usize, *mut c_void)>;
+pub type ContextNotify =
+    Option<unsafe extern "C" fn(*const std::ffi::c_char, *const c_void, usize, *mut c_void)>;
 
 pub struct Context {
     pub base: Base,
@@ -96,7 +97,12 @@ pub struct Context {
     pub notify_data: usize,
     pub destructors: Mutex<Vec<Arc<Callback>>>,
 }
-cl_object!(Context, Context, clReleaseContext, crate::api::context::before_release);
+cl_object!(
+    Context,
+    Context,
+    clReleaseContext,
+    crate::api::context::before_release
+);
 
 pub struct Queue {
     pub base: Base,
@@ -122,9 +128,20 @@ impl Queue {
 
 pub enum MemKind {
     Buffer,
-    SubBuffer { parent: Arc<Mem>, origin: usize },
-    Image { format: cl_image_format, desc: cl_image_desc, buffer: Option<Arc<Mem>> },
-    Pipe { packet_size: cl_uint, max_packets: cl_uint, props: Vec<cl_pipe_properties> },
+    SubBuffer {
+        parent: Arc<Mem>,
+        origin: usize,
+    },
+    Image {
+        format: cl_image_format,
+        desc: cl_image_desc,
+        buffer: Option<Arc<Mem>>,
+    },
+    Pipe {
+        packet_size: cl_uint,
+        max_packets: cl_uint,
+        props: Vec<cl_pipe_properties>,
+    },
 }
 
 /// What crane keeps in RAM of a memory object's contents.
@@ -171,7 +188,12 @@ pub struct Mem {
     pub maps: Mutex<Vec<MapRecord>>,
     pub destructors: Mutex<Vec<Arc<Callback>>>,
 }
-cl_object!(Mem, Mem, clReleaseMemObject, crate::api::memory::before_release);
+cl_object!(
+    Mem,
+    Mem,
+    clReleaseMemObject,
+    crate::api::memory::before_release
+);
 
 impl Mem {
     /// The object that owns the storage (a sub-buffer's parent).
@@ -216,14 +238,28 @@ pub enum ProgramSource {
     Il(Vec<u8>),
     Binaries(Vec<(Arc<Device>, Vec<u8>)>),
     BuiltIn(Vec<Arc<Device>>, CString),
-    Linked { devices: Vec<Arc<Device>>, options: CString, inputs: Vec<Arc<Program>> },
+    Linked {
+        devices: Vec<Arc<Device>>,
+        options: CString,
+        inputs: Vec<Arc<Program>>,
+    },
 }
 
 /// One build step applied to a program, replayed in order on resume.
 pub enum BuildStep {
-    Build { devices: Vec<Arc<Device>>, options: CString },
-    Compile { devices: Vec<Arc<Device>>, options: CString, headers: Vec<(Arc<Program>, CString)> },
-    SpecConstant { id: cl_uint, value: Vec<u8> },
+    Build {
+        devices: Vec<Arc<Device>>,
+        options: CString,
+    },
+    Compile {
+        devices: Vec<Arc<Device>>,
+        options: CString,
+        headers: Vec<(Arc<Program>, CString)>,
+    },
+    SpecConstant {
+        id: cl_uint,
+        value: Vec<u8>,
+    },
 }
 
 impl BuildStep {
@@ -236,13 +272,16 @@ impl BuildStep {
     }
 }
 
+/// Program binaries, one per device.
+pub type DeviceBinaries = Vec<(Arc<Device>, Vec<u8>)>;
+
 pub struct Program {
     pub base: Base,
     pub context: Arc<Context>,
     pub source: ProgramSource,
     pub steps: Mutex<Vec<BuildStep>>,
     /// Binaries read at suspend, per device of the context, for a fast rebuild.
-    pub saved_binaries: Mutex<Option<Vec<(Arc<Device>, Vec<u8>)>>>,
+    pub saved_binaries: Mutex<Option<DeviceBinaries>>,
 }
 cl_object!(Program, Program, clReleaseProgram);
 
@@ -254,7 +293,9 @@ pub enum ArgKind {
     /// `__global const`/`__constant` pointer: only read.
     MemReadOnly,
     /// `image*_t`: read_write/write_only images may be dirtied.
-    Image { writable: bool },
+    Image {
+        writable: bool,
+    },
     Sampler,
     Local,
     Queue,

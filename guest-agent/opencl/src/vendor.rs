@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crane_vendor_loader::{DevicePolicy, UnloadReport, VendorLibrary};
-use opencl_sys::*;
 use opencl_sys::cl_icd::_cl_icd_dispatch;
+use opencl_sys::*;
 
 use crate::config::{self, debug};
 use crate::entry::ClResult;
@@ -46,7 +46,11 @@ pub(crate) use vfn;
 /// Turns a vendor status into a Result.
 #[inline(always)]
 pub fn check(code: cl_int) -> ClResult<()> {
-    if code == CL_SUCCESS { Ok(()) } else { Err(code) }
+    if code == CL_SUCCESS {
+        Ok(())
+    } else {
+        Err(code)
+    }
 }
 
 /// Gives back crane's reference to a vendor object.
@@ -85,7 +89,12 @@ struct State {
     devices: Vec<Vec<Arc<Device>>>,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { paths: None, loaded: Vec::new(), platforms: Vec::new(), devices: Vec::new() });
+static STATE: Mutex<State> = Mutex::new(State {
+    paths: None,
+    loaded: Vec::new(),
+    platforms: Vec::new(),
+    devices: Vec::new(),
+});
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -128,21 +137,32 @@ pub fn discover() -> Vec<PathBuf> {
     let own = own_path();
     let keep = |s: &str| !s.is_empty() && !is_crane(s, own.as_deref());
     if let Some(v) = &config::get().vendor_override {
-        return v.split(':').filter(|s| keep(s)).map(PathBuf::from).collect();
+        return v
+            .split(':')
+            .filter(|s| keep(s))
+            .map(PathBuf::from)
+            .collect();
     }
     if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
-        let list: Vec<PathBuf> = v.split(':').filter(|s| keep(s)).map(PathBuf::from).collect();
+        let list: Vec<PathBuf> = v
+            .split(':')
+            .filter(|s| keep(s))
+            .map(PathBuf::from)
+            .collect();
         if !list.is_empty() {
             return list;
         }
     }
     let dirs = [
-        std::env::var_os("OCL_ICD_VENDORS").map_or_else(|| PathBuf::from("/etc/OpenCL/vendors"), PathBuf::from),
+        std::env::var_os("OCL_ICD_VENDORS")
+            .map_or_else(|| PathBuf::from("/etc/OpenCL/vendors"), PathBuf::from),
         PathBuf::from("/etc/crane/vendors.d"),
     ];
     let mut out = Vec::new();
     for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         let mut files: Vec<PathBuf> = rd
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|e| e == "icd"))
@@ -173,13 +193,17 @@ fn open_vendor(path: &Path) -> Result<Loaded, String> {
                 .symbol(c"clGetExtensionFunctionAddress")
                 .ok_or_else(|| format!("{} exports neither clIcdGetPlatformIDsKHR nor clGetExtensionFunctionAddress", path.display()))?;
             // SAFETY: the symbol is clGetExtensionFunctionAddress of an ICD vendor.
-            let gea: GetExtAddr = unsafe { std::mem::transmute::<*mut c_void, GetExtAddr>(gea.as_ptr()) };
+            let gea: GetExtAddr =
+                unsafe { std::mem::transmute::<*mut c_void, GetExtAddr>(gea.as_ptr()) };
             // SAFETY: a valid C string.
             unsafe { gea(name.as_ptr()) }
         }
     };
     if entry.is_null() {
-        return Err(format!("{} does not provide clIcdGetPlatformIDsKHR", path.display()));
+        return Err(format!(
+            "{} does not provide clIcdGetPlatformIDsKHR",
+            path.display()
+        ));
     }
     // SAFETY: clIcdGetPlatformIDsKHR has the clGetPlatformIDs signature.
     let get: GetPlatformIds = unsafe { std::mem::transmute::<*mut c_void, GetPlatformIds>(entry) };
@@ -187,7 +211,10 @@ fn open_vendor(path: &Path) -> Result<Loaded, String> {
     // SAFETY: count query with a valid out-pointer.
     let rc = unsafe { get(0, std::ptr::null_mut(), &mut n) };
     if rc != CL_SUCCESS && rc != CL_PLATFORM_NOT_FOUND_KHR {
-        return Err(format!("{}: clIcdGetPlatformIDsKHR failed with {rc}", path.display()));
+        return Err(format!(
+            "{}: clIcdGetPlatformIDsKHR failed with {rc}",
+            path.display()
+        ));
     }
     let mut platforms = vec![std::ptr::null_mut(); n as usize];
     if n > 0 {
@@ -205,7 +232,10 @@ fn platform_name(v: cl_platform_id) -> String {
 type InfoFn = unsafe extern "C" fn(*mut c_void, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
 
 /// A string-valued info query on a vendor object.
-pub fn info_string<F>(v: *mut c_void, sel: impl FnOnce(&_cl_icd_dispatch) -> Option<(F, cl_uint)>) -> Option<String>
+pub fn info_string<F>(
+    v: *mut c_void,
+    sel: impl FnOnce(&_cl_icd_dispatch) -> Option<(F, cl_uint)>,
+) -> Option<String>
 where
     F: Copy,
 {
@@ -225,7 +255,12 @@ where
     if unsafe { f(v, param, n, buf.as_mut_ptr().cast(), std::ptr::null_mut()) } != CL_SUCCESS {
         return None;
     }
-    Some(CStr::from_bytes_until_nul(&buf).ok()?.to_string_lossy().into_owned())
+    Some(
+        CStr::from_bytes_until_nul(&buf)
+            .ok()?
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 /// Loads the vendor libraries (first time: discovers them and creates crane's
@@ -245,7 +280,12 @@ pub fn load() -> ClResult<()> {
             Ok(l) => loaded.push(Some(l)),
             Err(e) => {
                 debug!("vendor {}: {e}", p.display());
-                if !first && st.platforms.iter().any(|pl| pl.vendor_index == loaded.len()) {
+                if !first
+                    && st
+                        .platforms
+                        .iter()
+                        .any(|pl| pl.vendor_index == loaded.len())
+                {
                     drop(loaded);
                     return Err(CL_DEVICE_NOT_AVAILABLE);
                 }
@@ -257,7 +297,12 @@ pub fn load() -> ClResult<()> {
         for (vi, l) in loaded.iter().enumerate() {
             let Some(l) = l else { continue };
             for (i, &vp) in l.platforms.iter().enumerate() {
-                let p = Arc::new(Platform { base: Base::new(vp.cast()), vendor_index: vi, index: i, name: platform_name(vp) });
+                let p = Arc::new(Platform {
+                    base: Base::new(vp.cast()),
+                    vendor_index: vi,
+                    index: i,
+                    name: platform_name(vp),
+                });
                 handle::publish(p.clone());
                 st.platforms.push(p);
                 st.devices.push(Vec::new());
@@ -265,8 +310,13 @@ pub fn load() -> ClResult<()> {
         }
     } else {
         for p in &st.platforms {
-            let vp = loaded[p.vendor_index].as_ref().and_then(|l| l.platforms.get(p.index)).copied();
-            let Some(vp) = vp else { return Err(CL_DEVICE_NOT_AVAILABLE) };
+            let vp = loaded[p.vendor_index]
+                .as_ref()
+                .and_then(|l| l.platforms.get(p.index))
+                .copied();
+            let Some(vp) = vp else {
+                return Err(CL_DEVICE_NOT_AVAILABLE);
+            };
             let name = platform_name(vp);
             if name != p.name {
                 debug!("platform {} is now {name}", p.name);
@@ -303,7 +353,15 @@ fn vendor_devices(vp: cl_platform_id) -> ClResult<Vec<cl_device_id>> {
     check(rc)?;
     let mut v = vec![std::ptr::null_mut(); n as usize];
     // SAFETY: `v` holds n entries.
-    check(unsafe { f(vp, CL_DEVICE_TYPE_ALL, n, v.as_mut_ptr(), std::ptr::null_mut()) })?;
+    check(unsafe {
+        f(
+            vp,
+            CL_DEVICE_TYPE_ALL,
+            n,
+            v.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })?;
     Ok(v)
 }
 
@@ -316,15 +374,28 @@ pub fn platforms() -> ClResult<Vec<Arc<Platform>>> {
 /// crane's root devices of a platform.
 pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
     let mut st = state();
-    let pi = st.platforms.iter().position(|q| Arc::ptr_eq(q, p)).ok_or(CL_INVALID_PLATFORM)?;
+    let pi = st
+        .platforms
+        .iter()
+        .position(|q| Arc::ptr_eq(q, p))
+        .ok_or(CL_INVALID_PLATFORM)?;
     if st.devices[pi].is_empty() {
         let vs = vendor_devices(p.base.vendor().cast())?;
         let devs: Vec<Arc<Device>> = vs
             .iter()
             .enumerate()
             .map(|(i, &v)| {
-                let name = info_string(v.cast(), |d| d.clGetDeviceInfo.map(|f| (f, CL_DEVICE_NAME))).unwrap_or_default();
-                let d = Arc::new(Device { base: Base::new(v.cast()), platform: p.clone(), parent: None, index: i, partition: Vec::new(), name });
+                let name =
+                    info_string(v.cast(), |d| d.clGetDeviceInfo.map(|f| (f, CL_DEVICE_NAME)))
+                        .unwrap_or_default();
+                let d = Arc::new(Device {
+                    base: Base::new(v.cast()),
+                    platform: p.clone(),
+                    parent: None,
+                    index: i,
+                    partition: Vec::new(),
+                    name,
+                });
                 handle::publish(d.clone());
                 d
             })
@@ -337,8 +408,16 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
 /// Finds crane's device for a vendor device (introspection results).
 pub fn device_for_vendor(v: *mut c_void) -> Option<Arc<Device>> {
     let st = state();
-    st.devices.iter().flatten().find(|d| d.base.vendor() == v).cloned()
-        .or_else(|| handle::live::<Device>().into_iter().find(|d| d.base.vendor() == v))
+    st.devices
+        .iter()
+        .flatten()
+        .find(|d| d.base.vendor() == v)
+        .cloned()
+        .or_else(|| {
+            handle::live::<Device>()
+                .into_iter()
+                .find(|d| d.base.vendor() == v)
+        })
 }
 
 /// Unloads every vendor library. Crane's platform and device handles stay; their
@@ -352,7 +431,11 @@ pub fn unload(policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
         d.base.take_vendor();
     }
     let loaded = std::mem::take(&mut st.loaded);
-    loaded.into_iter().flatten().map(|l| l.lib.close(policy).map_err(|e| e.to_string())).collect()
+    loaded
+        .into_iter()
+        .flatten()
+        .map(|l| l.lib.close(policy).map_err(|e| e.to_string()))
+        .collect()
 }
 
 pub fn is_loaded() -> bool {
@@ -360,5 +443,10 @@ pub fn is_loaded() -> bool {
 }
 
 pub fn loaded_paths() -> Vec<PathBuf> {
-    state().loaded.iter().flatten().map(|l| l.lib.path().to_path_buf()).collect()
+    state()
+        .loaded
+        .iter()
+        .flatten()
+        .map(|l| l.lib.path().to_path_buf())
+        .collect()
 }

@@ -16,7 +16,8 @@ fn vendor_props(props: &[cl_context_properties]) -> ClResult<Vec<cl_context_prop
     let mut i = 0;
     while i + 1 < out.len() {
         if out[i] == CL_CONTEXT_PLATFORM as cl_context_properties {
-            out[i + 1] = vendor_of::<Platform>(out[i + 1] as *const c_void, CL_INVALID_PLATFORM)? as cl_context_properties;
+            out[i + 1] = vendor_of::<Platform>(out[i + 1] as *const c_void, CL_INVALID_PLATFORM)?
+                as cl_context_properties;
         }
         i += 2;
     }
@@ -27,7 +28,10 @@ fn props_platform(props: &[cl_context_properties]) -> ClResult<Option<Arc<Platfo
     let mut i = 0;
     while i + 1 < props.len() {
         if props[i] == CL_CONTEXT_PLATFORM as cl_context_properties {
-            return Ok(Some(arc_of::<Platform>(props[i + 1] as *const c_void, CL_INVALID_PLATFORM)?));
+            return Ok(Some(arc_of::<Platform>(
+                props[i + 1] as *const c_void,
+                CL_INVALID_PLATFORM,
+            )?));
         }
         i += 2;
     }
@@ -44,7 +48,11 @@ pub fn vendor_create(c: &Context) -> ClResult<*mut c_void> {
     // SAFETY: vendor devices and a zero-terminated property list (or null).
     let v = unsafe {
         f(
-            if vprops.is_empty() { std::ptr::null() } else { vprops.as_ptr() },
+            if vprops.is_empty() {
+                std::ptr::null()
+            } else {
+                vprops.as_ptr()
+            },
             vdevs.len() as cl_uint,
             vdevs.as_ptr(),
             c.notify,
@@ -78,7 +86,15 @@ pub unsafe extern "C" fn clCreateContext(
         if devs.iter().any(|d| !Arc::ptr_eq(&d.platform, &platform)) {
             return Err(CL_INVALID_DEVICE);
         }
-        let c = Context { base: Base::new(std::ptr::null_mut()), props, platform, devices: devs, notify, notify_data: user_data as usize, destructors: Mutex::new(Vec::new()) };
+        let c = Context {
+            base: Base::new(std::ptr::null_mut()),
+            props,
+            platform,
+            devices: devs,
+            notify,
+            notify_data: user_data as usize,
+            destructors: Mutex::new(Vec::new()),
+        };
         c.base.set_vendor(vendor_create(&c)?);
         Ok(publish(Arc::new(c)))
     })
@@ -96,16 +112,32 @@ pub unsafe extern "C" fn clCreateContextFromType(
         let p = entry::read_props(props);
         let platform = match props_platform(&p)? {
             Some(p) => p,
-            None => vendor::platforms()?.into_iter().next().ok_or(CL_INVALID_PLATFORM)?,
+            None => vendor::platforms()?
+                .into_iter()
+                .next()
+                .ok_or(CL_INVALID_PLATFORM)?,
         };
         let mut ids: [cl_device_id; 64] = [std::ptr::null_mut(); 64];
         let mut n = 0;
         // SAFETY: a crane platform handle and room for 64 devices.
-        let rc = unsafe { super::platform::clGetDeviceIDs(platform.base.handle(), ty, 64, ids.as_mut_ptr(), &mut n) };
-        check(if rc == CL_DEVICE_NOT_FOUND { CL_DEVICE_NOT_FOUND } else { rc })?;
+        let rc = unsafe {
+            super::platform::clGetDeviceIDs(
+                platform.base.handle(),
+                ty,
+                64,
+                ids.as_mut_ptr(),
+                &mut n,
+            )
+        };
+        check(if rc == CL_DEVICE_NOT_FOUND {
+            CL_DEVICE_NOT_FOUND
+        } else {
+            rc
+        })?;
         let mut err = CL_SUCCESS;
         // SAFETY: crane's own entry point with valid arguments; nested calls pass the gate.
-        let c = unsafe { clCreateContext(props, n.min(64), ids.as_ptr(), notify, user_data, &mut err) };
+        let c =
+            unsafe { clCreateContext(props, n.min(64), ids.as_ptr(), notify, user_data, &mut err) };
         check(err)?;
         Ok(c)
     })
@@ -128,16 +160,29 @@ pub unsafe extern "C" fn clReleaseContext(c: cl_context) -> cl_int {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetContextInfo(c: cl_context, param: cl_context_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetContextInfo(
+    c: cl_context,
+    param: cl_context_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let ctx = context_ref(c.cast())?;
         match param {
-            CL_CONTEXT_REFERENCE_COUNT => write_info(bytes_of(&ctx.base.app_refs()), size, value, size_ret),
+            CL_CONTEXT_REFERENCE_COUNT => {
+                write_info(bytes_of(&ctx.base.app_refs()), size, value, size_ret)
+            }
             CL_CONTEXT_DEVICES => {
                 let hs: Vec<cl_device_id> = ctx.devices.iter().map(|d| d.base.handle()).collect();
                 write_info(bytes_of_slice(&hs), size, value, size_ret)
             }
-            CL_CONTEXT_NUM_DEVICES => write_info(bytes_of(&(ctx.devices.len() as cl_uint)), size, value, size_ret),
+            CL_CONTEXT_NUM_DEVICES => write_info(
+                bytes_of(&(ctx.devices.len() as cl_uint)),
+                size,
+                value,
+                size_ret,
+            ),
             CL_CONTEXT_PROPERTIES => write_info(bytes_of_slice(&ctx.props), size, value, size_ret),
             _ => {
                 let v = ctx.base.vendor();
@@ -154,17 +199,24 @@ type DestructorFn = Option<unsafe extern "C" fn(cl_context, *mut c_void)>;
 /// application's context really goes away, not when crane releases the vendor's
 /// context at suspend.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetContextDestructorCallback(c: cl_context, f: DestructorFn, user_data: *mut c_void) -> cl_int {
+pub unsafe extern "C" fn clSetContextDestructorCallback(
+    c: cl_context,
+    f: DestructorFn,
+    user_data: *mut c_void,
+) -> cl_int {
     entry::status(false, || {
         let ctx = context_ref(c.cast())?;
         let f = f.ok_or(CL_INVALID_VALUE)?;
-        ctx.destructors.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::new(Callback {
-            func: f as usize,
-            user_data: user_data as usize,
-            kind: 0,
-            fired: Default::default(),
-            handle: c as usize,
-        }));
+        ctx.destructors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(Callback {
+                func: f as usize,
+                user_data: user_data as usize,
+                kind: 0,
+                fired: Default::default(),
+                handle: c as usize,
+            }));
         Ok(())
     })
 }
@@ -173,5 +225,7 @@ pub unsafe extern "C" fn clSetContextDestructorCallback(c: cl_context, f: Destru
 /// handed to the vendor so that they run when the vendor really frees it.
 pub fn before_release(c: &Context, v: *mut c_void) {
     let list = std::mem::take(&mut *c.destructors.lock().unwrap_or_else(|e| e.into_inner()));
-    crate::callbacks::hand_over_destructors(list, v, |d| d.clSetContextDestructorCallback.map(|f| f as usize));
+    crate::callbacks::hand_over_destructors(list, v, |d| {
+        d.clSetContextDestructorCallback.map(|f| f as usize)
+    });
 }

@@ -14,7 +14,11 @@ use crate::vendor::{check, vfn};
 
 #[inline(always)]
 fn wl(w: &Waits) -> *const cl_event {
-    if w.is_empty() { std::ptr::null() } else { w.as_ptr() }
+    if w.is_empty() {
+        std::ptr::null()
+    } else {
+        w.as_ptr()
+    }
 }
 
 /// The common shape of an enqueue: resolve the queue and wait list, call the
@@ -32,7 +36,15 @@ fn run(
     let vq = queue.base.vendor();
     let w = waits(n, list)?;
     let mut vev: cl_event = std::ptr::null_mut();
-    check(f(vq.cast(), &w, if ev.is_null() { std::ptr::null_mut() } else { &mut vev })?)?;
+    check(f(
+        vq.cast(),
+        &w,
+        if ev.is_null() {
+            std::ptr::null_mut()
+        } else {
+            &mut vev
+        },
+    )?)?;
     if !ev.is_null() {
         wrap_event(q, vev, cmd, ev)?;
     }
@@ -40,7 +52,12 @@ fn run(
 }
 
 #[cold]
-fn wrap_event(q: cl_command_queue, vev: cl_event, cmd: cl_command_type, ev: *mut cl_event) -> ClResult<()> {
+fn wrap_event(
+    q: cl_command_queue,
+    vev: cl_event,
+    cmd: cl_command_type,
+    ev: *mut cl_event,
+) -> ClResult<()> {
     let queue = arc_of::<Queue>(q.cast(), CL_INVALID_COMMAND_QUEUE)?;
     let e = new_event(queue.context.clone(), Some(queue), vev.cast(), cmd);
     entry::put(ev, publish(e));
@@ -57,12 +74,24 @@ fn vmem(m: cl_mem) -> ClResult<(&'static Mem, cl_mem)> {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueReadBuffer(q: cl_command_queue, b: cl_mem, blocking: cl_bool, off: usize, size: usize, ptr: *mut c_void, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueReadBuffer(
+    q: cl_command_queue,
+    b: cl_mem,
+    blocking: cl_bool,
+    off: usize,
+    size: usize,
+    ptr: *mut c_void,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (_, vb) = vmem(b)?;
         run(q, n, list, ev, CL_COMMAND_READ_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding the application's arguments with vendor objects.
-            Ok(unsafe { vfn!(vq, clEnqueueReadBuffer)?(vq, vb, blocking, off, size, ptr, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueReadBuffer)?(vq, vb, blocking, off, size, ptr, n, wl(w), ve)
+            })
         })
     })
 }
@@ -71,7 +100,8 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(q: cl_command_queue, b: cl_mem, blo
 fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     let root = mem.root();
     root.ever_written.store(true, Ordering::Relaxed);
-    if !crate::config::get().write_cache || root.flags & CL_MEM_USE_HOST_PTR != 0 || root.is_image() {
+    if !crate::config::get().write_cache || root.flags & CL_MEM_USE_HOST_PTR != 0 || root.is_image()
+    {
         if root.flags & CL_MEM_USE_HOST_PTR == 0 {
             root.dirty.store(true, Ordering::Relaxed);
         }
@@ -84,19 +114,32 @@ fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
         return;
     }
     // SAFETY: the application's `size` bytes, already accepted by the vendor.
-    data[start..start + size].copy_from_slice(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), size) });
+    data[start..start + size]
+        .copy_from_slice(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), size) });
     if start == 0 && size == root.size {
         root.dirty.store(false, Ordering::Relaxed);
     }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueWriteBuffer(q: cl_command_queue, b: cl_mem, blocking: cl_bool, off: usize, size: usize, ptr: *const c_void, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueWriteBuffer(
+    q: cl_command_queue,
+    b: cl_mem,
+    blocking: cl_bool,
+    off: usize,
+    size: usize,
+    ptr: *const c_void,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (mem, vb) = vmem(b)?;
         run(q, n, list, ev, CL_COMMAND_WRITE_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueWriteBuffer)?(vq, vb, blocking, off, size, ptr, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueWriteBuffer)?(vq, vb, blocking, off, size, ptr, n, wl(w), ve)
+            })
         })?;
         cache_write(mem, off, size, ptr);
         Ok(())
@@ -124,7 +167,24 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
         let (_, vb) = vmem(b)?;
         run(q, n, list, ev, CL_COMMAND_READ_BUFFER_RECT, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueReadBufferRect)?(vq, vb, blocking, buf_origin, host_origin, region, buf_row, buf_slice, host_row, host_slice, ptr, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueReadBufferRect)?(
+                    vq,
+                    vb,
+                    blocking,
+                    buf_origin,
+                    host_origin,
+                    region,
+                    buf_row,
+                    buf_slice,
+                    host_row,
+                    host_slice,
+                    ptr,
+                    n,
+                    wl(w),
+                    ve,
+                )
+            })
         })
     })
 }
@@ -150,7 +210,24 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
         let (mem, vb) = vmem(b)?;
         run(q, n, list, ev, CL_COMMAND_WRITE_BUFFER_RECT, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueWriteBufferRect)?(vq, vb, blocking, buf_origin, host_origin, region, buf_row, buf_slice, host_row, host_slice, ptr, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueWriteBufferRect)?(
+                    vq,
+                    vb,
+                    blocking,
+                    buf_origin,
+                    host_origin,
+                    region,
+                    buf_row,
+                    buf_slice,
+                    host_row,
+                    host_slice,
+                    ptr,
+                    n,
+                    wl(w),
+                    ve,
+                )
+            })
         })?;
         mem.mark_dirty();
         Ok(())
@@ -158,12 +235,24 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueFillBuffer(q: cl_command_queue, b: cl_mem, pattern: *const c_void, psize: usize, off: usize, size: usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueFillBuffer(
+    q: cl_command_queue,
+    b: cl_mem,
+    pattern: *const c_void,
+    psize: usize,
+    off: usize,
+    size: usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (mem, vb) = vmem(b)?;
         run(q, n, list, ev, CL_COMMAND_FILL_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueFillBuffer)?(vq, vb, pattern, psize, off, size, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueFillBuffer)?(vq, vb, pattern, psize, off, size, n, wl(w), ve)
+            })
         })?;
         mem.mark_dirty();
         Ok(())
@@ -171,7 +260,17 @@ pub unsafe extern "C" fn clEnqueueFillBuffer(q: cl_command_queue, b: cl_mem, pat
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueCopyBuffer(q: cl_command_queue, src: cl_mem, dst: cl_mem, so: usize, d_o: usize, size: usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueCopyBuffer(
+    q: cl_command_queue,
+    src: cl_mem,
+    dst: cl_mem,
+    so: usize,
+    d_o: usize,
+    size: usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
@@ -205,7 +304,23 @@ pub unsafe extern "C" fn clEnqueueCopyBufferRect(
         let (dm, vd) = vmem(dst)?;
         run(q, n, list, ev, CL_COMMAND_COPY_BUFFER_RECT, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueCopyBufferRect)?(vq, vs, vd, so, d_o, region, s_row, s_slice, d_row, d_slice, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueCopyBufferRect)?(
+                    vq,
+                    vs,
+                    vd,
+                    so,
+                    d_o,
+                    region,
+                    s_row,
+                    s_slice,
+                    d_row,
+                    d_slice,
+                    n,
+                    wl(w),
+                    ve,
+                )
+            })
         })?;
         dm.mark_dirty();
         Ok(())
@@ -230,7 +345,21 @@ pub unsafe extern "C" fn clEnqueueReadImage(
         let (_, vi) = vmem(img)?;
         run(q, n, list, ev, CL_COMMAND_READ_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueReadImage)?(vq, vi, blocking, origin, region, row, slice, ptr, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueReadImage)?(
+                    vq,
+                    vi,
+                    blocking,
+                    origin,
+                    region,
+                    row,
+                    slice,
+                    ptr,
+                    n,
+                    wl(w),
+                    ve,
+                )
+            })
         })
     })
 }
@@ -253,7 +382,21 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
         let (m, vi) = vmem(img)?;
         run(q, n, list, ev, CL_COMMAND_WRITE_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueWriteImage)?(vq, vi, blocking, origin, region, row, slice, ptr, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueWriteImage)?(
+                    vq,
+                    vi,
+                    blocking,
+                    origin,
+                    region,
+                    row,
+                    slice,
+                    ptr,
+                    n,
+                    wl(w),
+                    ve,
+                )
+            })
         })?;
         m.mark_dirty();
         Ok(())
@@ -261,12 +404,23 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueFillImage(q: cl_command_queue, img: cl_mem, color: *const c_void, origin: *const usize, region: *const usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueFillImage(
+    q: cl_command_queue,
+    img: cl_mem,
+    color: *const c_void,
+    origin: *const usize,
+    region: *const usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (m, vi) = vmem(img)?;
         run(q, n, list, ev, CL_COMMAND_FILL_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueFillImage)?(vq, vi, color, origin, region, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueFillImage)?(vq, vi, color, origin, region, n, wl(w), ve)
+            })
         })?;
         m.mark_dirty();
         Ok(())
@@ -274,7 +428,17 @@ pub unsafe extern "C" fn clEnqueueFillImage(q: cl_command_queue, img: cl_mem, co
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueCopyImage(q: cl_command_queue, src: cl_mem, dst: cl_mem, so: *const usize, d_o: *const usize, region: *const usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueCopyImage(
+    q: cl_command_queue,
+    src: cl_mem,
+    dst: cl_mem,
+    so: *const usize,
+    d_o: *const usize,
+    region: *const usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
@@ -288,28 +452,66 @@ pub unsafe extern "C" fn clEnqueueCopyImage(q: cl_command_queue, src: cl_mem, ds
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueCopyImageToBuffer(q: cl_command_queue, src: cl_mem, dst: cl_mem, so: *const usize, region: *const usize, d_o: usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueCopyImageToBuffer(
+    q: cl_command_queue,
+    src: cl_mem,
+    dst: cl_mem,
+    so: *const usize,
+    region: *const usize,
+    d_o: usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
-        run(q, n, list, ev, CL_COMMAND_COPY_IMAGE_TO_BUFFER, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueCopyImageToBuffer)?(vq, vs, vd, so, region, d_o, n, wl(w), ve) })
-        })?;
+        run(
+            q,
+            n,
+            list,
+            ev,
+            CL_COMMAND_COPY_IMAGE_TO_BUFFER,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueCopyImageToBuffer)?(vq, vs, vd, so, region, d_o, n, wl(w), ve)
+                })
+            },
+        )?;
         dm.mark_dirty();
         Ok(())
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueCopyBufferToImage(q: cl_command_queue, src: cl_mem, dst: cl_mem, so: usize, d_o: *const usize, region: *const usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueCopyBufferToImage(
+    q: cl_command_queue,
+    src: cl_mem,
+    dst: cl_mem,
+    so: usize,
+    d_o: *const usize,
+    region: *const usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
-        run(q, n, list, ev, CL_COMMAND_COPY_BUFFER_TO_IMAGE, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueCopyBufferToImage)?(vq, vs, vd, so, d_o, region, n, wl(w), ve) })
-        })?;
+        run(
+            q,
+            n,
+            list,
+            ev,
+            CL_COMMAND_COPY_BUFFER_TO_IMAGE,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueCopyBufferToImage)?(vq, vs, vd, so, d_o, region, n, wl(w), ve)
+                })
+            },
+        )?;
         dm.mark_dirty();
         Ok(())
     })
@@ -363,10 +565,32 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
             run(q, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
                 // SAFETY: reading into memory of `size` bytes crane owns (or the
                 // application's host pointer region).
-                Ok(unsafe { vfn!(vq, clEnqueueReadBuffer)?(vq, vb, blocking, off, size, ptr.cast(), n, wl(w), ve) })
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueReadBuffer)?(
+                        vq,
+                        vb,
+                        blocking,
+                        off,
+                        size,
+                        ptr.cast(),
+                        n,
+                        wl(w),
+                        ve,
+                    )
+                })
             })?;
         }
-        mem.maps.lock().unwrap_or_else(|e| e.into_inner()).push(MapRecord { ptr: ptr as usize, offset: off, size, write, image: None, storage });
+        mem.maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(MapRecord {
+                ptr: ptr as usize,
+                offset: off,
+                size,
+                write,
+                image: None,
+                storage,
+            });
         Ok(ptr.cast())
     })
 }
@@ -388,12 +612,19 @@ pub unsafe extern "C" fn clEnqueueMapImage(
 ) -> *mut c_void {
     entry::pointer(errcode_ret, || {
         let (mem, vi) = vmem(img)?;
-        let MemKind::Image { format, .. } = &mem.kind else { return Err(CL_INVALID_MEM_OBJECT) };
+        let MemKind::Image { format, .. } = &mem.kind else {
+            return Err(CL_INVALID_MEM_OBJECT);
+        };
         if origin.is_null() || region.is_null() || row_pitch.is_null() {
             return Err(CL_INVALID_VALUE);
         }
         // SAFETY: three values each, as OpenCL requires.
-        let (o, r) = unsafe { (*(origin as *const [usize; 3]), *(region as *const [usize; 3])) };
+        let (o, r) = unsafe {
+            (
+                *(origin as *const [usize; 3]),
+                *(region as *const [usize; 3]),
+            )
+        };
         let px = super::memory::pixel_size(format);
         let row = r[0] * px;
         let slice = row * r[1];
@@ -404,20 +635,54 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         let write = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
         run(q, n, list, ev, CL_COMMAND_MAP_IMAGE, |vq, w, ve| {
             // SAFETY: reading the region into crane-owned memory of that size.
-            Ok(unsafe { vfn!(vq, clEnqueueReadImage)?(vq, vi, blocking, o.as_ptr(), r.as_ptr(), row, slice, ptr.cast(), n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueReadImage)?(
+                    vq,
+                    vi,
+                    blocking,
+                    o.as_ptr(),
+                    r.as_ptr(),
+                    row,
+                    slice,
+                    ptr.cast(),
+                    n,
+                    wl(w),
+                    ve,
+                )
+            })
         })?;
-        mem.maps.lock().unwrap_or_else(|e| e.into_inner()).push(MapRecord { ptr: ptr as usize, offset: 0, size: slice * r[2], write, image: Some((o, r, row, slice)), storage: Some(s) });
+        mem.maps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(MapRecord {
+                ptr: ptr as usize,
+                offset: 0,
+                size: slice * r[2],
+                write,
+                image: Some((o, r, row, slice)),
+                storage: Some(s),
+            });
         Ok(ptr.cast())
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueUnmapMemObject(q: cl_command_queue, m: cl_mem, ptr: *mut c_void, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueUnmapMemObject(
+    q: cl_command_queue,
+    m: cl_mem,
+    ptr: *mut c_void,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let (mem, vm) = vmem(m)?;
         let rec = {
             let mut maps = mem.maps.lock().unwrap_or_else(|e| e.into_inner());
-            let i = maps.iter().position(|r| r.ptr == ptr as usize).ok_or(CL_INVALID_VALUE)?;
+            let i = maps
+                .iter()
+                .position(|r| r.ptr == ptr as usize)
+                .ok_or(CL_INVALID_VALUE)?;
             maps.remove(i)
         };
         if !rec.write {
@@ -435,9 +700,35 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(q: cl_command_queue, m: cl_mem,
         let mut vev: cl_event = std::ptr::null_mut();
         let rc = match rec.image {
             // SAFETY: writing back from the mapped memory.
-            Some((o, r, row, slice)) => unsafe { vfn!(vq, clEnqueueWriteImage)?(vq, vm, CL_FALSE, o.as_ptr(), r.as_ptr(), row, slice, rec.ptr as *const c_void, n, wl(&w), &mut vev) },
+            Some((o, r, row, slice)) => unsafe {
+                vfn!(vq, clEnqueueWriteImage)?(
+                    vq,
+                    vm,
+                    CL_FALSE,
+                    o.as_ptr(),
+                    r.as_ptr(),
+                    row,
+                    slice,
+                    rec.ptr as *const c_void,
+                    n,
+                    wl(&w),
+                    &mut vev,
+                )
+            },
             // SAFETY: as above.
-            None => unsafe { vfn!(vq, clEnqueueWriteBuffer)?(vq, vm, CL_FALSE, rec.offset, rec.size, rec.ptr as *const c_void, n, wl(&w), &mut vev) },
+            None => unsafe {
+                vfn!(vq, clEnqueueWriteBuffer)?(
+                    vq,
+                    vm,
+                    CL_FALSE,
+                    rec.offset,
+                    rec.size,
+                    rec.ptr as *const c_void,
+                    n,
+                    wl(&w),
+                    &mut vev,
+                )
+            },
         };
         if rc != CL_SUCCESS {
             mem.maps.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
@@ -449,7 +740,11 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(q: cl_command_queue, m: cl_mem,
         }
         if !ev.is_null() {
             // SAFETY: the event we got back; the application's event shares it.
-            unsafe { crate::vendor::disp(vev.cast()).clRetainEvent.map(|f| f(vev)) };
+            unsafe {
+                crate::vendor::disp(vev.cast())
+                    .clRetainEvent
+                    .map(|f| f(vev))
+            };
             wrap_event(q, vev, CL_COMMAND_UNMAP_MEM_OBJECT, ev)?;
         }
         Ok(())
@@ -457,17 +752,42 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(q: cl_command_queue, m: cl_mem,
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueMigrateMemObjects(q: cl_command_queue, n_mems: cl_uint, mems: *const cl_mem, flags: cl_mem_migration_flags, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueMigrateMemObjects(
+    q: cl_command_queue,
+    n_mems: cl_uint,
+    mems: *const cl_mem,
+    flags: cl_mem_migration_flags,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let hs = entry::slice(mems, n_mems as usize, CL_INVALID_VALUE)?;
         let mut vms: Vec<cl_mem> = Vec::with_capacity(hs.len());
         for &h in hs {
             vms.push(vmem(h)?.1);
         }
-        run(q, n, list, ev, CL_COMMAND_MIGRATE_MEM_OBJECTS, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueMigrateMemObjects)?(vq, n_mems, vms.as_ptr(), flags, n, wl(w), ve) })
-        })
+        run(
+            q,
+            n,
+            list,
+            ev,
+            CL_COMMAND_MIGRATE_MEM_OBJECTS,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueMigrateMemObjects)?(
+                        vq,
+                        n_mems,
+                        vms.as_ptr(),
+                        flags,
+                        n,
+                        wl(w),
+                        ve,
+                    )
+                })
+            },
+        )
     })
 }
 
@@ -481,10 +801,10 @@ fn note_launch(kernel: &Kernel) {
     // application (same rule as clSetKernelArg).
     let args = unsafe { kernel.args_mut() };
     for &i in kernel.dirtying_args.iter() {
-        if let ArgValue::Handle(slot, generation_) = args[i as usize] {
-            if let Some(m) = crate::handle::resolve::<Mem>(slot, generation_) {
-                m.mark_dirty();
-            }
+        if let ArgValue::Handle(slot, generation_) = args[i as usize]
+            && let Some(m) = crate::handle::resolve::<Mem>(slot, generation_)
+        {
+            m.mark_dirty();
         }
     }
 }
@@ -506,7 +826,9 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
         let vk: cl_kernel = kernel.base.vendor().cast();
         run(q, n, list, ev, CL_COMMAND_NDRANGE_KERNEL, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueNDRangeKernel)?(vq, vk, dim, offset, global, local, n, wl(w), ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueNDRangeKernel)?(vq, vk, dim, offset, global, local, n, wl(w), ve)
+            })
         })?;
         note_launch(kernel);
         Ok(())
@@ -514,7 +836,13 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueTask(q: cl_command_queue, k: cl_kernel, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueTask(
+    q: cl_command_queue,
+    k: cl_kernel,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     let one = 1usize;
     // SAFETY: a one-item NDRange, which is what clEnqueueTask is.
     unsafe { clEnqueueNDRangeKernel(q, k, 1, std::ptr::null(), &one, &one, n, list, ev) }
@@ -540,7 +868,12 @@ pub unsafe extern "C" fn clEnqueueNativeKernel(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueMarkerWithWaitList(q: cl_command_queue, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueMarkerWithWaitList(
+    q: cl_command_queue,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_MARKER, |vq, w, ve| {
             // SAFETY: forwarding.
@@ -550,7 +883,12 @@ pub unsafe extern "C" fn clEnqueueMarkerWithWaitList(q: cl_command_queue, n: cl_
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueBarrierWithWaitList(q: cl_command_queue, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueBarrierWithWaitList(
+    q: cl_command_queue,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_BARRIER, |vq, w, ve| {
             // SAFETY: forwarding.
@@ -572,14 +910,27 @@ pub unsafe extern "C" fn clEnqueueBarrier(q: cl_command_queue) -> cl_int {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueWaitForEvents(q: cl_command_queue, n: cl_uint, list: *const cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueWaitForEvents(
+    q: cl_command_queue,
+    n: cl_uint,
+    list: *const cl_event,
+) -> cl_int {
     entry::status(false, || {
         if n == 0 || list.is_null() {
             return Err(CL_INVALID_VALUE);
         }
-        run(q, n, list, std::ptr::null_mut(), CL_COMMAND_BARRIER, |vq, w, _| {
-            // SAFETY: a barrier on the given events.
-            Ok(unsafe { vfn!(vq, clEnqueueBarrierWithWaitList)?(vq, n, wl(w), std::ptr::null_mut()) })
-        })
+        run(
+            q,
+            n,
+            list,
+            std::ptr::null_mut(),
+            CL_COMMAND_BARRIER,
+            |vq, w, _| {
+                // SAFETY: a barrier on the given events.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueBarrierWithWaitList)?(vq, n, wl(w), std::ptr::null_mut())
+                })
+            },
+        )
     })
 }

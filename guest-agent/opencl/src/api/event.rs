@@ -12,7 +12,12 @@ use crate::entry::{self, ClResult, bytes_of, write_info};
 use crate::handle::Base;
 use crate::vendor::{check, vfn};
 
-pub fn new_event(context: Arc<Context>, queue: Option<Arc<Queue>>, vev: *mut c_void, command_type: cl_command_type) -> Arc<Event> {
+pub fn new_event(
+    context: Arc<Context>,
+    queue: Option<Arc<Queue>>,
+    vev: *mut c_void,
+    command_type: cl_command_type,
+) -> Arc<Event> {
     Arc::new(Event {
         base: Base::new(vev),
         context,
@@ -57,16 +62,32 @@ pub unsafe extern "C" fn clWaitForEvents(n: cl_uint, list: *const cl_event) -> c
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetEventInfo(e: cl_event, param: cl_event_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetEventInfo(
+    e: cl_event,
+    param: cl_event_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let ev = event_ref(e.cast())?;
         match param {
             CL_EVENT_COMMAND_QUEUE => {
-                let h: *mut c_void = ev.queue.as_ref().map_or(std::ptr::null_mut(), |q| q.base.handle());
+                let h: *mut c_void = ev
+                    .queue
+                    .as_ref()
+                    .map_or(std::ptr::null_mut(), |q| q.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
-            CL_EVENT_CONTEXT => write_info(bytes_of(&ev.context.base.handle::<c_void>()), size, value, size_ret),
-            CL_EVENT_REFERENCE_COUNT => write_info(bytes_of(&ev.base.app_refs()), size, value, size_ret),
+            CL_EVENT_CONTEXT => write_info(
+                bytes_of(&ev.context.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_EVENT_REFERENCE_COUNT => {
+                write_info(bytes_of(&ev.base.app_refs()), size, value, size_ret)
+            }
             CL_EVENT_COMMAND_TYPE => write_info(bytes_of(&ev.command_type), size, value, size_ret),
             _ => {
                 let v = ev.base.vendor();
@@ -126,22 +147,42 @@ pub unsafe extern "C" fn clReleaseEvent(e: cl_event) -> cl_int {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetEventCallback(e: cl_event, kind: cl_int, f: Option<unsafe extern "C" fn(cl_event, cl_int, *mut c_void)>, user_data: *mut c_void) -> cl_int {
+pub unsafe extern "C" fn clSetEventCallback(
+    e: cl_event,
+    kind: cl_int,
+    f: Option<unsafe extern "C" fn(cl_event, cl_int, *mut c_void)>,
+    user_data: *mut c_void,
+) -> cl_int {
     entry::status(true, || {
         let ev = event_ref(e.cast())?;
         let f = f.ok_or(CL_INVALID_VALUE)?;
         if !matches!(kind, CL_SUBMITTED | CL_RUNNING | CL_COMPLETE) {
             return Err(CL_INVALID_VALUE);
         }
-        let cb = Arc::new(Callback { func: f as usize, user_data: user_data as usize, kind, fired: Default::default(), handle: e as usize });
+        let cb = Arc::new(Callback {
+            func: f as usize,
+            user_data: user_data as usize,
+            kind,
+            fired: Default::default(),
+            handle: e as usize,
+        });
         check(crate::callbacks::register_event(ev.base.vendor(), &cb))?;
-        ev.callbacks.lock().unwrap_or_else(|e| e.into_inner()).push(cb);
+        ev.callbacks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cb);
         Ok(())
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetEventProfilingInfo(e: cl_event, param: cl_profiling_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetEventProfilingInfo(
+    e: cl_event,
+    param: cl_profiling_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let ev = event_ref(e.cast())?;
         if let Some(saved) = *ev.profiling.lock().unwrap_or_else(|e| e.into_inner()) {

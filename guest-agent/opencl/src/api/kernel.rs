@@ -12,11 +12,24 @@ use crate::entry::{self, ClResult, bytes_of, write_info};
 use crate::handle::{Base, Kind, Slot};
 use crate::vendor::{check, vfn};
 
-fn arg_info<T: Copy + Default>(vk: *mut c_void, i: cl_uint, param: cl_kernel_arg_info) -> Option<T> {
+fn arg_info<T: Copy + Default>(
+    vk: *mut c_void,
+    i: cl_uint,
+    param: cl_kernel_arg_info,
+) -> Option<T> {
     let mut out = T::default();
     let f = vfn!(vk, clGetKernelArgInfo).ok()?;
     // SAFETY: the vendor writes one value of the queried type.
-    let rc = unsafe { f(vk.cast(), i, param, std::mem::size_of::<T>(), (&raw mut out).cast(), std::ptr::null_mut()) };
+    let rc = unsafe {
+        f(
+            vk.cast(),
+            i,
+            param,
+            std::mem::size_of::<T>(),
+            (&raw mut out).cast(),
+            std::ptr::null_mut(),
+        )
+    };
     (rc == CL_SUCCESS).then_some(out)
 }
 
@@ -24,28 +37,57 @@ fn arg_type_name(vk: *mut c_void, i: cl_uint) -> Option<String> {
     let f = vfn!(vk, clGetKernelArgInfo).ok()?;
     let mut buf = [0u8; 256];
     // SAFETY: a 256-byte buffer for the type name.
-    let rc = unsafe { f(vk.cast(), i, CL_KERNEL_ARG_TYPE_NAME, buf.len(), buf.as_mut_ptr().cast(), std::ptr::null_mut()) };
+    let rc = unsafe {
+        f(
+            vk.cast(),
+            i,
+            CL_KERNEL_ARG_TYPE_NAME,
+            buf.len(),
+            buf.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    };
     if rc != CL_SUCCESS {
         return None;
     }
-    Some(CStr::from_bytes_until_nul(&buf).ok()?.to_string_lossy().into_owned())
+    Some(
+        CStr::from_bytes_until_nul(&buf)
+            .ok()?
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 /// Classifies every argument of a vendor kernel, once, at creation.
 fn classify(vk: *mut c_void) -> ClResult<Box<[ArgKind]>> {
     let mut n: cl_uint = 0;
     // SAFETY: one cl_uint.
-    check(unsafe { vfn!(vk, clGetKernelInfo)?(vk.cast(), CL_KERNEL_NUM_ARGS, std::mem::size_of::<cl_uint>(), (&raw mut n).cast(), std::ptr::null_mut()) })?;
+    check(unsafe {
+        vfn!(vk, clGetKernelInfo)?(
+            vk.cast(),
+            CL_KERNEL_NUM_ARGS,
+            std::mem::size_of::<cl_uint>(),
+            (&raw mut n).cast(),
+            std::ptr::null_mut(),
+        )
+    })?;
     Ok((0..n)
         .map(|i| {
-            let Some(addr) = arg_info::<cl_kernel_arg_address_qualifier>(vk, i, CL_KERNEL_ARG_ADDRESS_QUALIFIER) else {
+            let Some(addr) =
+                arg_info::<cl_kernel_arg_address_qualifier>(vk, i, CL_KERNEL_ARG_ADDRESS_QUALIFIER)
+            else {
                 return ArgKind::Unknown;
             };
-            let access = arg_info::<cl_kernel_arg_access_qualifier>(vk, i, CL_KERNEL_ARG_ACCESS_QUALIFIER).unwrap_or(CL_KERNEL_ARG_ACCESS_NONE);
-            let tq = arg_info::<cl_kernel_arg_type_qualifier>(vk, i, CL_KERNEL_ARG_TYPE_QUALIFIER).unwrap_or(0);
+            let access =
+                arg_info::<cl_kernel_arg_access_qualifier>(vk, i, CL_KERNEL_ARG_ACCESS_QUALIFIER)
+                    .unwrap_or(CL_KERNEL_ARG_ACCESS_NONE);
+            let tq = arg_info::<cl_kernel_arg_type_qualifier>(vk, i, CL_KERNEL_ARG_TYPE_QUALIFIER)
+                .unwrap_or(0);
             let name = arg_type_name(vk, i).unwrap_or_default();
             if access != CL_KERNEL_ARG_ACCESS_NONE || name.starts_with("image") {
-                return ArgKind::Image { writable: access != CL_KERNEL_ARG_ACCESS_READ_ONLY };
+                return ArgKind::Image {
+                    writable: access != CL_KERNEL_ARG_ACCESS_READ_ONLY,
+                };
             }
             if tq & CL_KERNEL_ARG_TYPE_PIPE != 0 {
                 return ArgKind::MemWritable;
@@ -53,7 +95,9 @@ fn classify(vk: *mut c_void) -> ClResult<Box<[ArgKind]>> {
             match addr {
                 CL_KERNEL_ARG_ADDRESS_LOCAL => ArgKind::Local,
                 CL_KERNEL_ARG_ADDRESS_CONSTANT => ArgKind::MemReadOnly,
-                CL_KERNEL_ARG_ADDRESS_GLOBAL if tq & CL_KERNEL_ARG_TYPE_CONST != 0 => ArgKind::MemReadOnly,
+                CL_KERNEL_ARG_ADDRESS_GLOBAL if tq & CL_KERNEL_ARG_TYPE_CONST != 0 => {
+                    ArgKind::MemReadOnly
+                }
                 CL_KERNEL_ARG_ADDRESS_GLOBAL => ArgKind::MemWritable,
                 _ if name == "sampler_t" => ArgKind::Sampler,
                 _ if name == "queue_t" => ArgKind::Queue,
@@ -67,13 +111,23 @@ fn dirtying(kinds: &[ArgKind]) -> Box<[u32]> {
     kinds
         .iter()
         .enumerate()
-        .filter(|(_, k)| matches!(k, ArgKind::MemWritable | ArgKind::Image { writable: true } | ArgKind::Unknown))
+        .filter(|(_, k)| {
+            matches!(
+                k,
+                ArgKind::MemWritable | ArgKind::Image { writable: true } | ArgKind::Unknown
+            )
+        })
         .map(|(i, _)| i as u32)
         .collect()
 }
 
 /// Wraps a vendor kernel in a crane kernel.
-pub fn wrap(program: Arc<Program>, vk: *mut c_void, name: CString, args: Option<Vec<ArgValue>>) -> ClResult<Arc<Kernel>> {
+pub fn wrap(
+    program: Arc<Program>,
+    vk: *mut c_void,
+    name: CString,
+    args: Option<Vec<ArgValue>>,
+) -> ClResult<Arc<Kernel>> {
     let kinds = classify(vk)?;
     let n = kinds.len();
     Ok(Arc::new(Kernel {
@@ -88,7 +142,11 @@ pub fn wrap(program: Arc<Program>, vk: *mut c_void, name: CString, args: Option<
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateKernel(p: cl_program, name: *const c_char, errcode_ret: *mut cl_int) -> cl_kernel {
+pub unsafe extern "C" fn clCreateKernel(
+    p: cl_program,
+    name: *const c_char,
+    errcode_ret: *mut cl_int,
+) -> cl_kernel {
     entry::object(errcode_ret, || {
         let prog = arc_of::<Program>(p.cast(), CL_INVALID_PROGRAM)?;
         if name.is_null() {
@@ -110,15 +168,36 @@ pub fn kernel_name(vk: *mut c_void) -> ClResult<CString> {
     let f = vfn!(vk, clGetKernelInfo)?;
     let mut n = 0usize;
     // SAFETY: size query.
-    check(unsafe { f(vk.cast(), CL_KERNEL_FUNCTION_NAME, 0, std::ptr::null_mut(), &mut n) })?;
+    check(unsafe {
+        f(
+            vk.cast(),
+            CL_KERNEL_FUNCTION_NAME,
+            0,
+            std::ptr::null_mut(),
+            &mut n,
+        )
+    })?;
     let mut buf = vec![0u8; n];
     // SAFETY: `buf` holds n bytes.
-    check(unsafe { f(vk.cast(), CL_KERNEL_FUNCTION_NAME, n, buf.as_mut_ptr().cast(), std::ptr::null_mut()) })?;
+    check(unsafe {
+        f(
+            vk.cast(),
+            CL_KERNEL_FUNCTION_NAME,
+            n,
+            buf.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    })?;
     CString::from_vec_with_nul(buf).map_err(|_| CL_INVALID_KERNEL)
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateKernelsInProgram(p: cl_program, n: cl_uint, out: *mut cl_kernel, n_ret: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn clCreateKernelsInProgram(
+    p: cl_program,
+    n: cl_uint,
+    out: *mut cl_kernel,
+    n_ret: *mut cl_uint,
+) -> cl_int {
     entry::status(false, || {
         let prog = arc_of::<Program>(p.cast(), CL_INVALID_PROGRAM)?;
         let vp = prog.base.vendor();
@@ -156,7 +235,11 @@ pub unsafe extern "C" fn clCloneKernel(k: cl_kernel, errcode_ret: *mut cl_int) -
         check(err)?;
         // SAFETY: the application serialises calls on `src`, this is one of them.
         let args = unsafe { src.args_mut() }.clone();
-        let exec = src.exec_info.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let exec = src
+            .exec_info
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let nk = wrap(src.program.clone(), v.cast(), src.name.clone(), Some(args))?;
         *nk.exec_info.lock().unwrap_or_else(|e| e.into_inner()) = exec;
         Ok(publish(nk))
@@ -189,13 +272,18 @@ fn handle_arg(p: *const c_void, kind: ArgKind) -> Option<(*mut c_void, *const Sl
         ArgKind::MemWritable | ArgKind::MemReadOnly | ArgKind::Image { .. } => try_kind(Kind::Mem),
         ArgKind::Sampler => try_kind(Kind::Sampler),
         ArgKind::Queue => try_kind(Kind::Queue),
-        ArgKind::Unknown => try_kind(Kind::Mem).or_else(|| try_kind(Kind::Sampler)).or_else(|| try_kind(Kind::Queue)),
+        ArgKind::Unknown => try_kind(Kind::Mem)
+            .or_else(|| try_kind(Kind::Sampler))
+            .or_else(|| try_kind(Kind::Queue)),
         _ => None,
     }?;
     let v = match kind {
         ArgKind::Sampler => handle::get::<Sampler>(p)?.base.vendor(),
         ArgKind::Queue => handle::get::<Queue>(p)?.base.vendor(),
-        ArgKind::Unknown => handle::get::<Mem>(p).map(|m| m.base.vendor()).or_else(|| handle::get::<Sampler>(p).map(|s| s.base.vendor())).or_else(|| handle::get::<Queue>(p).map(|q| q.base.vendor()))?,
+        ArgKind::Unknown => handle::get::<Mem>(p)
+            .map(|m| m.base.vendor())
+            .or_else(|| handle::get::<Sampler>(p).map(|s| s.base.vendor()))
+            .or_else(|| handle::get::<Queue>(p).map(|q| q.base.vendor()))?,
         _ => handle::get::<Mem>(p)?.base.vendor(),
     };
     Some((v, slot))
@@ -211,7 +299,9 @@ pub fn apply_arg(vk: *mut c_void, i: u32, a: &ArgValue) -> ClResult<()> {
         ArgValue::Handle(slot, generation_) => {
             let v = handle::resolve::<Mem>(*slot, *generation_)
                 .map(|m| m.base.vendor())
-                .or_else(|| handle::resolve::<Sampler>(*slot, *generation_).map(|s| s.base.vendor()))
+                .or_else(|| {
+                    handle::resolve::<Sampler>(*slot, *generation_).map(|s| s.base.vendor())
+                })
                 .or_else(|| handle::resolve::<Queue>(*slot, *generation_).map(|q| q.base.vendor()));
             // An object the application released since: leave the argument unset,
             // as a launch with it would have been invalid anyway.
@@ -239,7 +329,9 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
     let kernel = kernel_ref(k.cast())?;
     let vk = kernel.base.vendor();
     let i = index as usize;
-    let Some(&kind) = kernel.arg_kinds.get(i) else { return Err(CL_INVALID_ARG_INDEX) };
+    let Some(&kind) = kernel.arg_kinds.get(i) else {
+        return Err(CL_INVALID_ARG_INDEX);
+    };
     let f = vfn!(vk, clSetKernelArg)?;
     let record;
     let rc = if value.is_null() {
@@ -259,7 +351,9 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
             unsafe { f(vk.cast(), index, size, (&raw const v).cast()) }
         } else if kind == ArgKind::Unknown {
             // SAFETY: the application's bytes.
-            record = ArgValue::Bytes(SmallVec::from_slice(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }));
+            record = ArgValue::Bytes(SmallVec::from_slice(unsafe {
+                std::slice::from_raw_parts(value.cast::<u8>(), size)
+            }));
             // SAFETY: forwarding plain bytes.
             unsafe { f(vk.cast(), index, size, value) }
         } else {
@@ -271,7 +365,9 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
         }
     } else {
         // SAFETY: the application passes `size` readable bytes.
-        record = ArgValue::Bytes(SmallVec::from_slice(unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }));
+        record = ArgValue::Bytes(SmallVec::from_slice(unsafe {
+            std::slice::from_raw_parts(value.cast::<u8>(), size)
+        }));
         // SAFETY: forwarding plain bytes.
         unsafe { f(vk.cast(), index, size, value) }
     };
@@ -283,12 +379,21 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetKernelArg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> cl_int {
+pub unsafe extern "C" fn clSetKernelArg(
+    k: cl_kernel,
+    index: cl_uint,
+    size: usize,
+    value: *const c_void,
+) -> cl_int {
     entry::status(false, || set_arg(k, index, size, value))
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetKernelArgSVMPointer(k: cl_kernel, index: cl_uint, value: *const c_void) -> cl_int {
+pub unsafe extern "C" fn clSetKernelArgSVMPointer(
+    k: cl_kernel,
+    index: cl_uint,
+    value: *const c_void,
+) -> cl_int {
     entry::status(false, || {
         let kernel = kernel_ref(k.cast())?;
         let vk = kernel.base.vendor();
@@ -304,26 +409,53 @@ pub unsafe extern "C" fn clSetKernelArgSVMPointer(k: cl_kernel, index: cl_uint, 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetKernelExecInfo(k: cl_kernel, param: cl_kernel_exec_info, size: usize, value: *const c_void) -> cl_int {
+pub unsafe extern "C" fn clSetKernelExecInfo(
+    k: cl_kernel,
+    param: cl_kernel_exec_info,
+    size: usize,
+    value: *const c_void,
+) -> cl_int {
     entry::status(false, || {
         let kernel = kernel_ref(k.cast())?;
         let bytes = entry::slice(value.cast::<u8>(), size, CL_INVALID_VALUE)?;
         let vk = kernel.base.vendor();
         // SAFETY: forwarding.
         check(unsafe { vfn!(vk, clSetKernelExecInfo)?(vk.cast(), param, size, value) })?;
-        kernel.exec_info.lock().unwrap_or_else(|e| e.into_inner()).push((param, bytes.to_vec()));
+        kernel
+            .exec_info
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((param, bytes.to_vec()));
         Ok(())
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetKernelInfo(k: cl_kernel, param: cl_kernel_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetKernelInfo(
+    k: cl_kernel,
+    param: cl_kernel_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let kernel = kernel_ref(k.cast())?;
         match param {
-            CL_KERNEL_CONTEXT => write_info(bytes_of(&kernel.program.context.base.handle::<c_void>()), size, value, size_ret),
-            CL_KERNEL_PROGRAM => write_info(bytes_of(&kernel.program.base.handle::<c_void>()), size, value, size_ret),
-            CL_KERNEL_REFERENCE_COUNT => write_info(bytes_of(&kernel.base.app_refs()), size, value, size_ret),
+            CL_KERNEL_CONTEXT => write_info(
+                bytes_of(&kernel.program.context.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_KERNEL_PROGRAM => write_info(
+                bytes_of(&kernel.program.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_KERNEL_REFERENCE_COUNT => {
+                write_info(bytes_of(&kernel.base.app_refs()), size, value, size_ret)
+            }
             _ => {
                 let v = kernel.base.vendor();
                 // SAFETY: forwarding.
@@ -334,26 +466,48 @@ pub unsafe extern "C" fn clGetKernelInfo(k: cl_kernel, param: cl_kernel_info, si
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetKernelArgInfo(k: cl_kernel, index: cl_uint, param: cl_kernel_arg_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetKernelArgInfo(
+    k: cl_kernel,
+    index: cl_uint,
+    param: cl_kernel_arg_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let v = vendor_of::<Kernel>(k.cast(), CL_INVALID_KERNEL)?;
         // SAFETY: forwarding.
-        check(unsafe { vfn!(v, clGetKernelArgInfo)?(v.cast(), index, param, size, value, size_ret) })
+        check(unsafe {
+            vfn!(v, clGetKernelArgInfo)?(v.cast(), index, param, size, value, size_ret)
+        })
     })
 }
 
 /// A null device is allowed when the kernel's program has one device.
 fn optional_device(d: cl_device_id) -> ClResult<*mut c_void> {
-    if d.is_null() { Ok(std::ptr::null_mut()) } else { vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE) }
+    if d.is_null() {
+        Ok(std::ptr::null_mut())
+    } else {
+        vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)
+    }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetKernelWorkGroupInfo(k: cl_kernel, d: cl_device_id, param: cl_kernel_work_group_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetKernelWorkGroupInfo(
+    k: cl_kernel,
+    d: cl_device_id,
+    param: cl_kernel_work_group_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let v = vendor_of::<Kernel>(k.cast(), CL_INVALID_KERNEL)?;
         let vd = optional_device(d)?;
         // SAFETY: forwarding with the vendor device.
-        check(unsafe { vfn!(v, clGetKernelWorkGroupInfo)?(v.cast(), vd.cast(), param, size, value, size_ret) })
+        check(unsafe {
+            vfn!(v, clGetKernelWorkGroupInfo)?(v.cast(), vd.cast(), param, size, value, size_ret)
+        })
     })
 }
 
@@ -372,6 +526,17 @@ pub unsafe extern "C" fn clGetKernelSubGroupInfo(
         let v = vendor_of::<Kernel>(k.cast(), CL_INVALID_KERNEL)?;
         let vd = optional_device(d)?;
         // SAFETY: forwarding with the vendor device.
-        check(unsafe { vfn!(v, clGetKernelSubGroupInfo)?(v.cast(), vd.cast(), param, in_size, input, size, value, size_ret) })
+        check(unsafe {
+            vfn!(v, clGetKernelSubGroupInfo)?(
+                v.cast(),
+                vd.cast(),
+                param,
+                in_size,
+                input,
+                size,
+                value,
+                size_ret,
+            )
+        })
     })
 }

@@ -27,24 +27,55 @@ pub fn vendor_create(m: &Mem, init: Option<*const c_void>) -> ClResult<*mut c_vo
         host = p.cast_mut();
     }
     let mut err = CL_SUCCESS;
-    let props = if m.props.is_empty() { std::ptr::null() } else { m.props.as_ptr() };
+    let props = if m.props.is_empty() {
+        std::ptr::null()
+    } else {
+        m.props.as_ptr()
+    };
     let v: *mut c_void = match &m.kind {
         MemKind::Buffer => {
             if m.with_props {
                 // SAFETY: vendor context; `host` is null or holds `size` bytes.
-                unsafe { vfn!(vc, clCreateBufferWithProperties)?(vc.cast(), props, flags, m.size, host, &mut err) }.cast()
+                unsafe {
+                    vfn!(vc, clCreateBufferWithProperties)?(
+                        vc.cast(),
+                        props,
+                        flags,
+                        m.size,
+                        host,
+                        &mut err,
+                    )
+                }
+                .cast()
             } else {
                 // SAFETY: as above.
-                unsafe { vfn!(vc, clCreateBuffer)?(vc.cast(), flags, m.size, host, &mut err) }.cast()
+                unsafe { vfn!(vc, clCreateBuffer)?(vc.cast(), flags, m.size, host, &mut err) }
+                    .cast()
             }
         }
         MemKind::SubBuffer { parent, origin } => {
-            let region = cl_buffer_region { origin: *origin, size: m.size };
+            let region = cl_buffer_region {
+                origin: *origin,
+                size: m.size,
+            };
             let vp = parent.base.vendor();
             // SAFETY: vendor parent buffer and a region struct.
-            unsafe { vfn!(vp, clCreateSubBuffer)?(vp.cast(), m.flags, CL_BUFFER_CREATE_TYPE_REGION, (&raw const region).cast(), &mut err) }.cast()
+            unsafe {
+                vfn!(vp, clCreateSubBuffer)?(
+                    vp.cast(),
+                    m.flags,
+                    CL_BUFFER_CREATE_TYPE_REGION,
+                    (&raw const region).cast(),
+                    &mut err,
+                )
+            }
+            .cast()
         }
-        MemKind::Image { format, desc, buffer } => {
+        MemKind::Image {
+            format,
+            desc,
+            buffer,
+        } => {
             let mut d = *desc;
             if let Some(b) = buffer {
                 d.buffer = b.base.vendor().cast();
@@ -56,23 +87,54 @@ pub fn vendor_create(m: &Mem, init: Option<*const c_void>) -> ClResult<*mut c_vo
             }
             if m.with_props {
                 // SAFETY: vendor context, format and descriptor.
-                unsafe { vfn!(vc, clCreateImageWithProperties)?(vc.cast(), props, flags, format, &d, host, &mut err) }.cast()
+                unsafe {
+                    vfn!(vc, clCreateImageWithProperties)?(
+                        vc.cast(),
+                        props,
+                        flags,
+                        format,
+                        &d,
+                        host,
+                        &mut err,
+                    )
+                }
+                .cast()
             } else {
                 // SAFETY: as above.
-                unsafe { vfn!(vc, clCreateImage)?(vc.cast(), flags, format, &d, host, &mut err) }.cast()
+                unsafe { vfn!(vc, clCreateImage)?(vc.cast(), flags, format, &d, host, &mut err) }
+                    .cast()
             }
         }
-        MemKind::Pipe { packet_size, max_packets, props } => {
-            let p = if props.is_empty() { std::ptr::null() } else { props.as_ptr() };
+        MemKind::Pipe {
+            packet_size,
+            max_packets,
+            props,
+        } => {
+            let p = if props.is_empty() {
+                std::ptr::null()
+            } else {
+                props.as_ptr()
+            };
             // SAFETY: vendor context.
-            unsafe { vfn!(vc, clCreatePipe)?(vc.cast(), m.flags, *packet_size, *max_packets, p, &mut err) }.cast()
+            unsafe {
+                vfn!(vc, clCreatePipe)?(vc.cast(), m.flags, *packet_size, *max_packets, p, &mut err)
+            }
+            .cast()
         }
     };
     check(err)?;
     Ok(v)
 }
 
-fn new_mem(context: Arc<Context>, flags: cl_mem_flags, size: usize, kind: MemKind, host_ptr: *mut c_void, props: Vec<cl_mem_properties>, with_props: bool) -> Mem {
+fn new_mem(
+    context: Arc<Context>,
+    flags: cl_mem_flags,
+    size: usize,
+    kind: MemKind,
+    host_ptr: *mut c_void,
+    props: Vec<cl_mem_properties>,
+    with_props: bool,
+) -> Mem {
     Mem {
         base: Base::new(std::ptr::null_mut()),
         context,
@@ -90,7 +152,14 @@ fn new_mem(context: Arc<Context>, flags: cl_mem_flags, size: usize, kind: MemKin
     }
 }
 
-fn create_buffer(c: cl_context, props: Vec<cl_mem_properties>, with_props: bool, flags: cl_mem_flags, size: usize, host: *mut c_void) -> ClResult<cl_mem> {
+fn create_buffer(
+    c: cl_context,
+    props: Vec<cl_mem_properties>,
+    with_props: bool,
+    flags: cl_mem_flags,
+    size: usize,
+    host: *mut c_void,
+) -> ClResult<cl_mem> {
     let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
     if size == 0 {
         return Err(CL_INVALID_BUFFER_SIZE);
@@ -98,7 +167,19 @@ fn create_buffer(c: cl_context, props: Vec<cl_mem_properties>, with_props: bool,
     if (host.is_null()) != (flags & HOST_PTR_FLAGS == 0) {
         return Err(CL_INVALID_HOST_PTR);
     }
-    let m = new_mem(context, flags, size, MemKind::Buffer, if flags & CL_MEM_USE_HOST_PTR != 0 { host } else { std::ptr::null_mut() }, props, with_props);
+    let m = new_mem(
+        context,
+        flags,
+        size,
+        MemKind::Buffer,
+        if flags & CL_MEM_USE_HOST_PTR != 0 {
+            host
+        } else {
+            std::ptr::null_mut()
+        },
+        props,
+        with_props,
+    );
     let init = (flags & CL_MEM_COPY_HOST_PTR != 0).then_some(host.cast_const());
     m.base.set_vendor(vendor_create(&m, init)?);
     if let Some(p) = init {
@@ -117,17 +198,40 @@ fn create_buffer(c: cl_context, props: Vec<cl_mem_properties>, with_props: bool,
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateBuffer(c: cl_context, flags: cl_mem_flags, size: usize, host: *mut c_void, errcode_ret: *mut cl_int) -> cl_mem {
-    entry::object(errcode_ret, || create_buffer(c, Vec::new(), false, flags, size, host))
+pub unsafe extern "C" fn clCreateBuffer(
+    c: cl_context,
+    flags: cl_mem_flags,
+    size: usize,
+    host: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
+    entry::object(errcode_ret, || {
+        create_buffer(c, Vec::new(), false, flags, size, host)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateBufferWithProperties(c: cl_context, props: *const cl_mem_properties, flags: cl_mem_flags, size: usize, host: *mut c_void, errcode_ret: *mut cl_int) -> cl_mem {
-    entry::object(errcode_ret, || create_buffer(c, entry::read_props(props), true, flags, size, host))
+pub unsafe extern "C" fn clCreateBufferWithProperties(
+    c: cl_context,
+    props: *const cl_mem_properties,
+    flags: cl_mem_flags,
+    size: usize,
+    host: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
+    entry::object(errcode_ret, || {
+        create_buffer(c, entry::read_props(props), true, flags, size, host)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateSubBuffer(b: cl_mem, flags: cl_mem_flags, ty: cl_buffer_create_type, info: *const c_void, errcode_ret: *mut cl_int) -> cl_mem {
+pub unsafe extern "C" fn clCreateSubBuffer(
+    b: cl_mem,
+    flags: cl_mem_flags,
+    ty: cl_buffer_create_type,
+    info: *const c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
     entry::object(errcode_ret, || {
         let parent = arc_of::<Mem>(b.cast(), CL_INVALID_MEM_OBJECT)?;
         if !matches!(parent.kind, MemKind::Buffer) {
@@ -141,7 +245,18 @@ pub unsafe extern "C" fn clCreateSubBuffer(b: cl_mem, flags: cl_mem_flags, ty: c
         }
         // SAFETY: for CL_BUFFER_CREATE_TYPE_REGION `info` points to a cl_buffer_region.
         let region = unsafe { *(info as *const cl_buffer_region) };
-        let mut m = new_mem(parent.context.clone(), flags, region.size, MemKind::SubBuffer { parent: parent.clone(), origin: region.origin }, std::ptr::null_mut(), Vec::new(), false);
+        let mut m = new_mem(
+            parent.context.clone(),
+            flags,
+            region.size,
+            MemKind::SubBuffer {
+                parent: parent.clone(),
+                origin: region.origin,
+            },
+            std::ptr::null_mut(),
+            Vec::new(),
+            false,
+        );
         let vp = parent.base.vendor();
         let mut err = CL_SUCCESS;
         // SAFETY: vendor parent and the application's region.
@@ -155,7 +270,15 @@ pub unsafe extern "C" fn clCreateSubBuffer(b: cl_mem, flags: cl_mem_flags, ty: c
     })
 }
 
-fn create_image(c: cl_context, props: Vec<cl_mem_properties>, with_props: bool, flags: cl_mem_flags, format: *const cl_image_format, desc: *const cl_image_desc, host: *mut c_void) -> ClResult<cl_mem> {
+fn create_image(
+    c: cl_context,
+    props: Vec<cl_mem_properties>,
+    with_props: bool,
+    flags: cl_mem_flags,
+    format: *const cl_image_format,
+    desc: *const cl_image_desc,
+    host: *mut c_void,
+) -> ClResult<cl_mem> {
     let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
     if format.is_null() {
         return Err(CL_INVALID_IMAGE_FORMAT_DESCRIPTOR);
@@ -168,18 +291,58 @@ fn create_image(c: cl_context, props: Vec<cl_mem_properties>, with_props: bool, 
     }
     // SAFETY: checked non-null; the application passes valid structs.
     let (format, desc) = unsafe { (*format, *desc) };
-    let buffer = if desc.buffer.is_null() { None } else { Some(arc_of::<Mem>(desc.buffer.cast(), CL_INVALID_IMAGE_DESCRIPTOR)?) };
-    let m = new_mem(context, flags, 0, MemKind::Image { format, desc, buffer }, if flags & CL_MEM_USE_HOST_PTR != 0 { host } else { std::ptr::null_mut() }, props, with_props);
+    let buffer = if desc.buffer.is_null() {
+        None
+    } else {
+        Some(arc_of::<Mem>(
+            desc.buffer.cast(),
+            CL_INVALID_IMAGE_DESCRIPTOR,
+        )?)
+    };
+    let m = new_mem(
+        context,
+        flags,
+        0,
+        MemKind::Image {
+            format,
+            desc,
+            buffer,
+        },
+        if flags & CL_MEM_USE_HOST_PTR != 0 {
+            host
+        } else {
+            std::ptr::null_mut()
+        },
+        props,
+        with_props,
+    );
     // First creation uses the application's own pitches, so pass its descriptor.
     let vc = m.context.base.vendor();
     let mut d = desc;
-    if let MemKind::Image { buffer: Some(b), .. } = &m.kind {
+    if let MemKind::Image {
+        buffer: Some(b), ..
+    } = &m.kind
+    {
         d.buffer = b.base.vendor().cast();
     }
     let mut err = CL_SUCCESS;
     let v = if with_props {
         // SAFETY: forwarding the application's arguments with vendor objects.
-        unsafe { vfn!(vc, clCreateImageWithProperties)?(vc.cast(), if m.props.is_empty() { std::ptr::null() } else { m.props.as_ptr() }, flags, &format, &d, host, &mut err) }
+        unsafe {
+            vfn!(vc, clCreateImageWithProperties)?(
+                vc.cast(),
+                if m.props.is_empty() {
+                    std::ptr::null()
+                } else {
+                    m.props.as_ptr()
+                },
+                flags,
+                &format,
+                &d,
+                host,
+                &mut err,
+            )
+        }
     } else {
         // SAFETY: as above.
         unsafe { vfn!(vc, clCreateImage)?(vc.cast(), flags, &format, &d, host, &mut err) }
@@ -193,16 +356,42 @@ fn create_image(c: cl_context, props: Vec<cl_mem_properties>, with_props: bool, 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateImage(c: cl_context, flags: cl_mem_flags, format: *const cl_image_format, desc: *const cl_image_desc, host: *mut c_void, errcode_ret: *mut cl_int) -> cl_mem {
-    entry::object(errcode_ret, || create_image(c, Vec::new(), false, flags, format, desc, host))
+pub unsafe extern "C" fn clCreateImage(
+    c: cl_context,
+    flags: cl_mem_flags,
+    format: *const cl_image_format,
+    desc: *const cl_image_desc,
+    host: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
+    entry::object(errcode_ret, || {
+        create_image(c, Vec::new(), false, flags, format, desc, host)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateImageWithProperties(c: cl_context, props: *const cl_mem_properties, flags: cl_mem_flags, format: *const cl_image_format, desc: *const cl_image_desc, host: *mut c_void, errcode_ret: *mut cl_int) -> cl_mem {
-    entry::object(errcode_ret, || create_image(c, entry::read_props(props), true, flags, format, desc, host))
+pub unsafe extern "C" fn clCreateImageWithProperties(
+    c: cl_context,
+    props: *const cl_mem_properties,
+    flags: cl_mem_flags,
+    format: *const cl_image_format,
+    desc: *const cl_image_desc,
+    host: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
+    entry::object(errcode_ret, || {
+        create_image(c, entry::read_props(props), true, flags, format, desc, host)
+    })
 }
 
-fn legacy_desc(ty: cl_mem_object_type, w: usize, h: usize, d: usize, row: usize, slice: usize) -> cl_image_desc {
+fn legacy_desc(
+    ty: cl_mem_object_type,
+    w: usize,
+    h: usize,
+    d: usize,
+    row: usize,
+    slice: usize,
+) -> cl_image_desc {
     // SAFETY: cl_image_desc is plain data; all-zero is a valid value.
     let mut desc: cl_image_desc = unsafe { std::mem::zeroed() };
     desc.image_type = ty;
@@ -215,29 +404,78 @@ fn legacy_desc(ty: cl_mem_object_type, w: usize, h: usize, d: usize, row: usize,
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateImage2D(c: cl_context, flags: cl_mem_flags, format: *const cl_image_format, w: usize, h: usize, row: usize, host: *mut c_void, errcode_ret: *mut cl_int) -> cl_mem {
+pub unsafe extern "C" fn clCreateImage2D(
+    c: cl_context,
+    flags: cl_mem_flags,
+    format: *const cl_image_format,
+    w: usize,
+    h: usize,
+    row: usize,
+    host: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
     let desc = legacy_desc(CL_MEM_OBJECT_IMAGE2D, w, h, 1, row, 0);
-    entry::object(errcode_ret, || create_image(c, Vec::new(), false, flags, format, &desc, host))
+    entry::object(errcode_ret, || {
+        create_image(c, Vec::new(), false, flags, format, &desc, host)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateImage3D(c: cl_context, flags: cl_mem_flags, format: *const cl_image_format, w: usize, h: usize, d: usize, row: usize, slice: usize, host: *mut c_void, errcode_ret: *mut cl_int) -> cl_mem {
+pub unsafe extern "C" fn clCreateImage3D(
+    c: cl_context,
+    flags: cl_mem_flags,
+    format: *const cl_image_format,
+    w: usize,
+    h: usize,
+    d: usize,
+    row: usize,
+    slice: usize,
+    host: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
     let desc = legacy_desc(CL_MEM_OBJECT_IMAGE3D, w, h, d, row, slice);
-    entry::object(errcode_ret, || create_image(c, Vec::new(), false, flags, format, &desc, host))
+    entry::object(errcode_ret, || {
+        create_image(c, Vec::new(), false, flags, format, &desc, host)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreatePipe(c: cl_context, flags: cl_mem_flags, packet_size: cl_uint, max_packets: cl_uint, props: *const cl_pipe_properties, errcode_ret: *mut cl_int) -> cl_mem {
+pub unsafe extern "C" fn clCreatePipe(
+    c: cl_context,
+    flags: cl_mem_flags,
+    packet_size: cl_uint,
+    max_packets: cl_uint,
+    props: *const cl_pipe_properties,
+    errcode_ret: *mut cl_int,
+) -> cl_mem {
     entry::object(errcode_ret, || {
         let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
-        let m = new_mem(context, flags, packet_size as usize * max_packets as usize, MemKind::Pipe { packet_size, max_packets, props: entry::read_props(props) }, std::ptr::null_mut(), Vec::new(), false);
+        let m = new_mem(
+            context,
+            flags,
+            packet_size as usize * max_packets as usize,
+            MemKind::Pipe {
+                packet_size,
+                max_packets,
+                props: entry::read_props(props),
+            },
+            std::ptr::null_mut(),
+            Vec::new(),
+            false,
+        );
         m.base.set_vendor(vendor_create(&m, None)?);
         Ok(publish(Arc::new(m)))
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetPipeInfo(m: cl_mem, param: cl_pipe_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetPipeInfo(
+    m: cl_mem,
+    param: cl_pipe_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let v = vendor_of::<Mem>(m.cast(), CL_INVALID_MEM_OBJECT)?;
         // SAFETY: forwarding.
@@ -263,21 +501,43 @@ pub unsafe extern "C" fn clReleaseMemObject(m: cl_mem) -> cl_int {
 
 pub fn before_release(m: &Mem, v: *mut c_void) {
     let list = std::mem::take(&mut *m.destructors.lock().unwrap_or_else(|e| e.into_inner()));
-    crate::callbacks::hand_over_destructors(list, v, |d| d.clSetMemObjectDestructorCallback.map(|f| f as usize));
+    crate::callbacks::hand_over_destructors(list, v, |d| {
+        d.clSetMemObjectDestructorCallback.map(|f| f as usize)
+    });
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetMemObjectDestructorCallback(m: cl_mem, f: Option<unsafe extern "C" fn(cl_mem, *mut c_void)>, user_data: *mut c_void) -> cl_int {
+pub unsafe extern "C" fn clSetMemObjectDestructorCallback(
+    m: cl_mem,
+    f: Option<unsafe extern "C" fn(cl_mem, *mut c_void)>,
+    user_data: *mut c_void,
+) -> cl_int {
     entry::status(false, || {
         let mem = mem_ref(m.cast())?;
         let f = f.ok_or(CL_INVALID_VALUE)?;
-        mem.destructors.lock().unwrap_or_else(|e| e.into_inner()).push(Arc::new(Callback { func: f as usize, user_data: user_data as usize, kind: 0, fired: Default::default(), handle: m as usize }));
+        mem.destructors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(Callback {
+                func: f as usize,
+                user_data: user_data as usize,
+                kind: 0,
+                fired: Default::default(),
+                handle: m as usize,
+            }));
         Ok(())
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetSupportedImageFormats(c: cl_context, flags: cl_mem_flags, ty: cl_mem_object_type, n: cl_uint, out: *mut cl_image_format, n_ret: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn clGetSupportedImageFormats(
+    c: cl_context,
+    flags: cl_mem_flags,
+    ty: cl_mem_object_type,
+    n: cl_uint,
+    out: *mut cl_image_format,
+    n_ret: *mut cl_uint,
+) -> cl_int {
     entry::status(false, || {
         let v = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
         // SAFETY: forwarding.
@@ -286,14 +546,32 @@ pub unsafe extern "C" fn clGetSupportedImageFormats(c: cl_context, flags: cl_mem
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetMemObjectInfo(m: cl_mem, param: cl_mem_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetMemObjectInfo(
+    m: cl_mem,
+    param: cl_mem_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let mem = mem_ref(m.cast())?;
         match param {
-            CL_MEM_CONTEXT => write_info(bytes_of(&mem.context.base.handle::<c_void>()), size, value, size_ret),
-            CL_MEM_REFERENCE_COUNT => write_info(bytes_of(&mem.base.app_refs()), size, value, size_ret),
+            CL_MEM_CONTEXT => write_info(
+                bytes_of(&mem.context.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_MEM_REFERENCE_COUNT => {
+                write_info(bytes_of(&mem.base.app_refs()), size, value, size_ret)
+            }
             CL_MEM_FLAGS => write_info(bytes_of(&mem.flags), size, value, size_ret),
-            CL_MEM_HOST_PTR => write_info(bytes_of(&(mem.host_ptr as *mut c_void)), size, value, size_ret),
+            CL_MEM_HOST_PTR => write_info(
+                bytes_of(&(mem.host_ptr as *mut c_void)),
+                size,
+                value,
+                size_ret,
+            ),
             CL_MEM_MAP_COUNT => {
                 let n = mem.maps.lock().unwrap_or_else(|e| e.into_inner()).len() as cl_uint;
                 write_info(bytes_of(&n), size, value, size_ret)
@@ -301,7 +579,9 @@ pub unsafe extern "C" fn clGetMemObjectInfo(m: cl_mem, param: cl_mem_info, size:
             CL_MEM_ASSOCIATED_MEMOBJECT => {
                 let h: *mut c_void = match &mem.kind {
                     MemKind::SubBuffer { parent, .. } => parent.base.handle(),
-                    MemKind::Image { buffer: Some(b), .. } => b.base.handle(),
+                    MemKind::Image {
+                        buffer: Some(b), ..
+                    } => b.base.handle(),
                     _ => std::ptr::null_mut(),
                 };
                 write_info(bytes_of(&h), size, value, size_ret)
@@ -309,19 +589,29 @@ pub unsafe extern "C" fn clGetMemObjectInfo(m: cl_mem, param: cl_mem_info, size:
             _ => {
                 let v = mem.base.vendor();
                 // SAFETY: forwarding.
-                check(unsafe { vfn!(v, clGetMemObjectInfo)?(v.cast(), param, size, value, size_ret) })
+                check(unsafe {
+                    vfn!(v, clGetMemObjectInfo)?(v.cast(), param, size, value, size_ret)
+                })
             }
         }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetImageInfo(m: cl_mem, param: cl_image_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetImageInfo(
+    m: cl_mem,
+    param: cl_image_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let mem = mem_ref(m.cast())?;
         match (&mem.kind, param) {
             (MemKind::Image { buffer, .. }, CL_IMAGE_BUFFER) => {
-                let h: *mut c_void = buffer.as_ref().map_or(std::ptr::null_mut(), |b| b.base.handle());
+                let h: *mut c_void = buffer
+                    .as_ref()
+                    .map_or(std::ptr::null_mut(), |b| b.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
             (MemKind::Image { .. }, _) => {
@@ -345,7 +635,9 @@ pub fn pixel_size(f: &cl_image_format) -> usize {
     };
     match f.image_channel_data_type {
         CL_SNORM_INT8 | CL_UNORM_INT8 | CL_SIGNED_INT8 | CL_UNSIGNED_INT8 => channels,
-        CL_SNORM_INT16 | CL_UNORM_INT16 | CL_SIGNED_INT16 | CL_UNSIGNED_INT16 | CL_HALF_FLOAT => 2 * channels,
+        CL_SNORM_INT16 | CL_UNORM_INT16 | CL_SIGNED_INT16 | CL_UNSIGNED_INT16 | CL_HALF_FLOAT => {
+            2 * channels
+        }
         CL_UNORM_SHORT_565 | CL_UNORM_SHORT_555 => 2,
         CL_UNORM_INT_101010 | CL_UNORM_INT_101010_2 => 4,
         _ => 4 * channels,

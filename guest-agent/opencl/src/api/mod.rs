@@ -54,7 +54,10 @@ pub fn vendor_of<T: ClObject>(h: *const c_void, err: cl_int) -> ClResult<*mut c_
 }
 
 /// Translates an application device list to vendor devices plus crane's objects.
-pub fn devices_of(n: cl_uint, list: *const cl_device_id) -> ClResult<(Vec<cl_device_id>, Vec<std::sync::Arc<Device>>)> {
+pub fn devices_of(
+    n: cl_uint,
+    list: *const cl_device_id,
+) -> ClResult<(Vec<cl_device_id>, Vec<std::sync::Arc<Device>>)> {
     let hs = crate::entry::slice(list, n as usize, CL_INVALID_VALUE)?;
     let mut v = Vec::with_capacity(hs.len());
     let mut a = Vec::with_capacity(hs.len());

@@ -30,13 +30,21 @@ fn get_platform_ids(n: cl_uint, out: *mut cl_platform_id, n_ret: *mut cl_uint) -
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetPlatformIDs(n: cl_uint, out: *mut cl_platform_id, n_ret: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn clGetPlatformIDs(
+    n: cl_uint,
+    out: *mut cl_platform_id,
+    n_ret: *mut cl_uint,
+) -> cl_int {
     entry::status(false, || get_platform_ids(n, out, n_ret))
 }
 
 /// The ICD loader's entry point: the same as clGetPlatformIDs.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(n: cl_uint, out: *mut cl_platform_id, n_ret: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
+    n: cl_uint,
+    out: *mut cl_platform_id,
+    n_ret: *mut cl_uint,
+) -> cl_int {
     entry::status(false, || get_platform_ids(n, out, n_ret))
 }
 
@@ -44,13 +52,22 @@ pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(n: cl_uint, out: *mut cl_platfor
 /// allow.
 fn platform_or_default(p: cl_platform_id) -> ClResult<Arc<Platform>> {
     if p.is_null() {
-        return vendor::platforms()?.into_iter().next().ok_or(CL_INVALID_PLATFORM);
+        return vendor::platforms()?
+            .into_iter()
+            .next()
+            .ok_or(CL_INVALID_PLATFORM);
     }
     arc_of::<Platform>(p.cast(), CL_INVALID_PLATFORM)
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetPlatformInfo(p: cl_platform_id, param: cl_platform_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetPlatformInfo(
+    p: cl_platform_id,
+    param: cl_platform_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let p = platform_or_default(p)?;
         let v = p.base.vendor();
@@ -60,7 +77,13 @@ pub unsafe extern "C" fn clGetPlatformInfo(p: cl_platform_id, param: cl_platform
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetDeviceIDs(p: cl_platform_id, ty: cl_device_type, n: cl_uint, out: *mut cl_device_id, n_ret: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn clGetDeviceIDs(
+    p: cl_platform_id,
+    ty: cl_device_type,
+    n: cl_uint,
+    out: *mut cl_device_id,
+    n_ret: *mut cl_uint,
+) -> cl_int {
     entry::status(false, || {
         if (n == 0 && !out.is_null()) || (out.is_null() && n_ret.is_null()) {
             return Err(CL_INVALID_VALUE);
@@ -75,7 +98,10 @@ pub unsafe extern "C" fn clGetDeviceIDs(p: cl_platform_id, ty: cl_device_type, n
         let mut vs = vec![std::ptr::null_mut(); cnt as usize];
         // SAFETY: `vs` holds cnt entries.
         check(unsafe { f(vp.cast(), ty, cnt, vs.as_mut_ptr(), std::ptr::null_mut()) })?;
-        let ours: Vec<&Arc<Device>> = vs.iter().filter_map(|&v| all.iter().find(|d| d.base.vendor() == v.cast())).collect();
+        let ours: Vec<&Arc<Device>> = vs
+            .iter()
+            .filter_map(|&v| all.iter().find(|d| d.base.vendor() == v.cast()))
+            .collect();
         put(n_ret, ours.len() as cl_uint);
         if !out.is_null() {
             for (i, d) in ours.iter().take(n as usize).enumerate() {
@@ -88,7 +114,13 @@ pub unsafe extern "C" fn clGetDeviceIDs(p: cl_platform_id, ty: cl_device_type, n
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetDeviceInfo(d: cl_device_id, param: cl_device_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetDeviceInfo(
+    d: cl_device_id,
+    param: cl_device_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let dev = device_ref(d.cast())?;
         match param {
@@ -97,11 +129,18 @@ pub unsafe extern "C" fn clGetDeviceInfo(d: cl_device_id, param: cl_device_info,
                 write_info(bytes_of(&h), size, value, size_ret)
             }
             CL_DEVICE_PARENT_DEVICE => {
-                let h: cl_device_id = dev.parent.as_ref().map_or(std::ptr::null_mut(), |p| p.base.handle());
+                let h: cl_device_id = dev
+                    .parent
+                    .as_ref()
+                    .map_or(std::ptr::null_mut(), |p| p.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
             CL_DEVICE_REFERENCE_COUNT => {
-                let n: cl_uint = if dev.parent.is_some() { dev.base.app_refs() } else { 1 };
+                let n: cl_uint = if dev.parent.is_some() {
+                    dev.base.app_refs()
+                } else {
+                    1
+                };
                 write_info(bytes_of(&n), size, value, size_ret)
             }
             _ => {
@@ -115,7 +154,10 @@ pub unsafe extern "C" fn clGetDeviceInfo(d: cl_device_id, param: cl_device_info,
 
 /// Creates sub-devices on the vendor and crane objects for them (also used to
 /// recreate them on resume).
-pub fn create_sub_devices(parent: &Arc<Device>, props: &[cl_device_partition_property]) -> ClResult<Vec<cl_device_id>> {
+pub fn create_sub_devices(
+    parent: &Arc<Device>,
+    props: &[cl_device_partition_property],
+) -> ClResult<Vec<cl_device_id>> {
     let v = parent.base.vendor();
     let f = vfn!(v, clCreateSubDevices)?;
     let mut n = 0;
@@ -123,12 +165,26 @@ pub fn create_sub_devices(parent: &Arc<Device>, props: &[cl_device_partition_pro
     check(unsafe { f(v.cast(), props.as_ptr(), 0, std::ptr::null_mut(), &mut n) })?;
     let mut vs = vec![std::ptr::null_mut(); n as usize];
     // SAFETY: `vs` holds n entries.
-    check(unsafe { f(v.cast(), props.as_ptr(), n, vs.as_mut_ptr(), std::ptr::null_mut()) })?;
+    check(unsafe {
+        f(
+            v.cast(),
+            props.as_ptr(),
+            n,
+            vs.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })?;
     Ok(vs)
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateSubDevices(d: cl_device_id, props: *const cl_device_partition_property, n: cl_uint, out: *mut cl_device_id, n_ret: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn clCreateSubDevices(
+    d: cl_device_id,
+    props: *const cl_device_partition_property,
+    n: cl_uint,
+    out: *mut cl_device_id,
+    n_ret: *mut cl_uint,
+) -> cl_int {
     entry::status(false, || {
         let parent = arc_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
         if props.is_null() {
@@ -154,7 +210,14 @@ pub unsafe extern "C" fn clCreateSubDevices(d: cl_device_id, props: *const cl_de
         }
         for (i, &v) in vs.iter().enumerate() {
             let name = parent.name.clone();
-            let sub = Arc::new(Device { base: Base::new(v.cast()), platform: parent.platform.clone(), parent: Some(parent.clone()), index: i, partition: props.clone(), name });
+            let sub = Arc::new(Device {
+                base: Base::new(v.cast()),
+                platform: parent.platform.clone(),
+                parent: Some(parent.clone()),
+                index: i,
+                partition: props.clone(),
+                name,
+            });
             // SAFETY: room for n >= vs.len() devices.
             unsafe { out.add(i).write(publish(sub)) };
         }
@@ -185,7 +248,11 @@ pub unsafe extern "C" fn clReleaseDevice(d: cl_device_id) -> cl_int {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetDeviceAndHostTimer(d: cl_device_id, dev_ts: *mut cl_ulong, host_ts: *mut cl_ulong) -> cl_int {
+pub unsafe extern "C" fn clGetDeviceAndHostTimer(
+    d: cl_device_id,
+    dev_ts: *mut cl_ulong,
+    host_ts: *mut cl_ulong,
+) -> cl_int {
     entry::status(false, || {
         let v = vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
         // SAFETY: forwarding.
@@ -218,11 +285,16 @@ pub unsafe extern "C" fn clUnloadPlatformCompiler(p: cl_platform_id) -> cl_int {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clGetExtensionFunctionAddress(name: *const c_char) -> *mut c_void {
-    entry::infallible(std::ptr::null_mut(), || crate::dispatch::extension_address(name))
+    entry::infallible(std::ptr::null_mut(), || {
+        crate::dispatch::extension_address(name)
+    })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(p: cl_platform_id, name: *const c_char) -> *mut c_void {
+pub unsafe extern "C" fn clGetExtensionFunctionAddressForPlatform(
+    p: cl_platform_id,
+    name: *const c_char,
+) -> *mut c_void {
     entry::infallible(std::ptr::null_mut(), || {
         if platform_ref(p.cast()).is_err() {
             return std::ptr::null_mut();

@@ -32,7 +32,13 @@ fn options_of(p: *const c_char) -> CString {
 }
 
 fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
-    Program { base: Base::new(std::ptr::null_mut()), context, source, steps: Mutex::new(Vec::new()), saved_binaries: Mutex::new(None) }
+    Program {
+        base: Base::new(std::ptr::null_mut()),
+        context,
+        source,
+        steps: Mutex::new(Vec::new()),
+        saved_binaries: Mutex::new(None),
+    }
 }
 
 /// Creates the vendor program from what crane recorded (resume). Binaries saved
@@ -45,25 +51,58 @@ pub fn vendor_create(p: &Program) -> ClResult<*mut c_void> {
             let s = src.as_ptr().cast::<c_char>();
             let len = src.len();
             // SAFETY: one string of `len` bytes.
-            unsafe { vfn!(vc, clCreateProgramWithSource)?(vc.cast(), 1, &mut { s }, &len, &mut err) }.cast()
+            unsafe {
+                vfn!(vc, clCreateProgramWithSource)?(vc.cast(), 1, &mut { s }, &len, &mut err)
+            }
+            .cast()
         }
         ProgramSource::Il(il) => {
             // SAFETY: the IL bytes.
-            unsafe { vfn!(vc, clCreateProgramWithIL)?(vc.cast(), il.as_ptr().cast(), il.len(), &mut err) }.cast()
+            unsafe {
+                vfn!(vc, clCreateProgramWithIL)?(vc.cast(), il.as_ptr().cast(), il.len(), &mut err)
+            }
+            .cast()
         }
         ProgramSource::Binaries(bins) => create_from_binaries(vc, bins, &mut err)?,
         ProgramSource::BuiltIn(devs, names) => {
             let vd: Vec<cl_device_id> = devs.iter().map(|d| d.base.vendor().cast()).collect();
             // SAFETY: vendor devices and a NUL-terminated name list.
-            unsafe { vfn!(vc, clCreateProgramWithBuiltInKernels)?(vc.cast(), vd.len() as cl_uint, vd.as_ptr(), names.as_ptr(), &mut err) }.cast()
+            unsafe {
+                vfn!(vc, clCreateProgramWithBuiltInKernels)?(
+                    vc.cast(),
+                    vd.len() as cl_uint,
+                    vd.as_ptr(),
+                    names.as_ptr(),
+                    &mut err,
+                )
+            }
+            .cast()
         }
-        ProgramSource::Linked { devices, options, inputs } => {
+        ProgramSource::Linked {
+            devices,
+            options,
+            inputs,
+        } => {
             let vd: Vec<cl_device_id> = devices.iter().map(|d| d.base.vendor().cast()).collect();
             let vi: Vec<cl_program> = inputs.iter().map(|i| i.base.vendor().cast()).collect();
             let opts = with_arg_info(options);
             // SAFETY: vendor objects; no callback (resume is synchronous).
             unsafe {
-                vfn!(vc, clLinkProgram)?(vc.cast(), vd.len() as cl_uint, if vd.is_empty() { std::ptr::null() } else { vd.as_ptr() }, opts.as_ptr(), vi.len() as cl_uint, vi.as_ptr(), None, std::ptr::null_mut(), &mut err)
+                vfn!(vc, clLinkProgram)?(
+                    vc.cast(),
+                    vd.len() as cl_uint,
+                    if vd.is_empty() {
+                        std::ptr::null()
+                    } else {
+                        vd.as_ptr()
+                    },
+                    opts.as_ptr(),
+                    vi.len() as cl_uint,
+                    vi.as_ptr(),
+                    None,
+                    std::ptr::null_mut(),
+                    &mut err,
+                )
             }
             .cast()
         }
@@ -72,12 +111,27 @@ pub fn vendor_create(p: &Program) -> ClResult<*mut c_void> {
     Ok(v)
 }
 
-fn create_from_binaries(vc: *mut c_void, bins: &[(Arc<Device>, Vec<u8>)], err: &mut cl_int) -> ClResult<*mut c_void> {
+fn create_from_binaries(
+    vc: *mut c_void,
+    bins: &[(Arc<Device>, Vec<u8>)],
+    err: &mut cl_int,
+) -> ClResult<*mut c_void> {
     let vd: Vec<cl_device_id> = bins.iter().map(|(d, _)| d.base.vendor().cast()).collect();
     let lens: Vec<usize> = bins.iter().map(|(_, b)| b.len()).collect();
     let mut ptrs: Vec<*const u8> = bins.iter().map(|(_, b)| b.as_ptr()).collect();
     // SAFETY: parallel arrays of devices and binaries.
-    Ok(unsafe { vfn!(vc, clCreateProgramWithBinary)?(vc.cast(), vd.len() as cl_uint, vd.as_ptr(), lens.as_ptr(), ptrs.as_mut_ptr(), std::ptr::null_mut(), err) }.cast())
+    Ok(unsafe {
+        vfn!(vc, clCreateProgramWithBinary)?(
+            vc.cast(),
+            vd.len() as cl_uint,
+            vd.as_ptr(),
+            lens.as_ptr(),
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut(),
+            err,
+        )
+    }
+    .cast())
 }
 
 /// Replays one build step on the vendor program (resume).
@@ -87,13 +141,37 @@ pub fn replay_step(v: *mut c_void, step: &BuildStep) -> ClResult<()> {
             let vd: Vec<cl_device_id> = devices.iter().map(|d| d.base.vendor().cast()).collect();
             let o = with_arg_info(options);
             // SAFETY: vendor program and devices.
-            let rc = unsafe { vfn!(v, clBuildProgram)?(v.cast(), vd.len() as cl_uint, if vd.is_empty() { std::ptr::null() } else { vd.as_ptr() }, o.as_ptr(), None, std::ptr::null_mut()) };
+            let rc = unsafe {
+                vfn!(v, clBuildProgram)?(
+                    v.cast(),
+                    vd.len() as cl_uint,
+                    if vd.is_empty() {
+                        std::ptr::null()
+                    } else {
+                        vd.as_ptr()
+                    },
+                    o.as_ptr(),
+                    None,
+                    std::ptr::null_mut(),
+                )
+            };
             // A build that failed before fails again; its log is what the app saw.
-            if rc != CL_BUILD_PROGRAM_FAILURE { check(rc) } else { Ok(()) }
+            if rc != CL_BUILD_PROGRAM_FAILURE {
+                check(rc)
+            } else {
+                Ok(())
+            }
         }
-        BuildStep::Compile { devices, options, headers } => {
+        BuildStep::Compile {
+            devices,
+            options,
+            headers,
+        } => {
             let vd: Vec<cl_device_id> = devices.iter().map(|d| d.base.vendor().cast()).collect();
-            let vh: Vec<cl_program> = headers.iter().map(|(h, _)| h.base.vendor().cast()).collect();
+            let vh: Vec<cl_program> = headers
+                .iter()
+                .map(|(h, _)| h.base.vendor().cast())
+                .collect();
             let mut names: Vec<*const c_char> = headers.iter().map(|(_, n)| n.as_ptr()).collect();
             let o = with_arg_info(options);
             // SAFETY: vendor objects and parallel header arrays.
@@ -101,26 +179,55 @@ pub fn replay_step(v: *mut c_void, step: &BuildStep) -> ClResult<()> {
                 vfn!(v, clCompileProgram)?(
                     v.cast(),
                     vd.len() as cl_uint,
-                    if vd.is_empty() { std::ptr::null() } else { vd.as_ptr() },
+                    if vd.is_empty() {
+                        std::ptr::null()
+                    } else {
+                        vd.as_ptr()
+                    },
                     o.as_ptr(),
                     vh.len() as cl_uint,
-                    if vh.is_empty() { std::ptr::null() } else { vh.as_ptr() },
-                    if names.is_empty() { std::ptr::null_mut() } else { names.as_mut_ptr() },
+                    if vh.is_empty() {
+                        std::ptr::null()
+                    } else {
+                        vh.as_ptr()
+                    },
+                    if names.is_empty() {
+                        std::ptr::null_mut()
+                    } else {
+                        names.as_mut_ptr()
+                    },
                     None,
                     std::ptr::null_mut(),
                 )
             };
-            if rc != CL_COMPILE_PROGRAM_FAILURE { check(rc) } else { Ok(()) }
+            if rc != CL_COMPILE_PROGRAM_FAILURE {
+                check(rc)
+            } else {
+                Ok(())
+            }
         }
         BuildStep::SpecConstant { id, value } => {
             // SAFETY: vendor program and the recorded value.
-            check(unsafe { vfn!(v, clSetProgramSpecializationConstant)?(v.cast(), *id, value.len(), value.as_ptr().cast()) })
+            check(unsafe {
+                vfn!(v, clSetProgramSpecializationConstant)?(
+                    v.cast(),
+                    *id,
+                    value.len(),
+                    value.as_ptr().cast(),
+                )
+            })
         }
     }
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateProgramWithSource(c: cl_context, count: cl_uint, strings: *mut *const c_char, lengths: *const usize, errcode_ret: *mut cl_int) -> cl_program {
+pub unsafe extern "C" fn clCreateProgramWithSource(
+    c: cl_context,
+    count: cl_uint,
+    strings: *mut *const c_char,
+    lengths: *const usize,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
     entry::object(errcode_ret, || {
         let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
         let strs = entry::slice(strings.cast_const(), count as usize, CL_INVALID_VALUE)?;
@@ -133,7 +240,12 @@ pub unsafe extern "C" fn clCreateProgramWithSource(c: cl_context, count: cl_uint
                 return Err(CL_INVALID_VALUE);
             }
             // SAFETY: `lengths` is null or holds `count` entries.
-            let len = if lengths.is_null() { 0 } else { unsafe { *lengths.add(i) } };
+            let len = if lengths.is_null() {
+                0
+            } else {
+                // SAFETY: `lengths` is non-null and holds `count` entries.
+                unsafe { *lengths.add(i) }
+            };
             if len == 0 {
                 // SAFETY: a NUL-terminated string.
                 src.extend_from_slice(unsafe { CStr::from_ptr(s) }.to_bytes());
@@ -149,7 +261,12 @@ pub unsafe extern "C" fn clCreateProgramWithSource(c: cl_context, count: cl_uint
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateProgramWithIL(c: cl_context, il: *const c_void, len: usize, errcode_ret: *mut cl_int) -> cl_program {
+pub unsafe extern "C" fn clCreateProgramWithIL(
+    c: cl_context,
+    il: *const c_void,
+    len: usize,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
     entry::object(errcode_ret, || {
         let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
         let bytes = entry::slice(il.cast::<u8>(), len, CL_INVALID_VALUE)?;
@@ -191,7 +308,17 @@ pub unsafe extern "C" fn clCreateProgramWithBinary(
         let vc = context.base.vendor();
         let mut err = CL_SUCCESS;
         // SAFETY: forwarding the application's arrays with vendor devices.
-        let v = unsafe { vfn!(vc, clCreateProgramWithBinary)?(vc.cast(), n, vd.as_ptr(), lengths, binaries, binary_status, &mut err) };
+        let v = unsafe {
+            vfn!(vc, clCreateProgramWithBinary)?(
+                vc.cast(),
+                n,
+                vd.as_ptr(),
+                lengths,
+                binaries,
+                binary_status,
+                &mut err,
+            )
+        };
         check(err)?;
         let p = new_program(context, ProgramSource::Binaries(recorded));
         p.base.set_vendor(v.cast());
@@ -200,7 +327,13 @@ pub unsafe extern "C" fn clCreateProgramWithBinary(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateProgramWithBuiltInKernels(c: cl_context, n: cl_uint, devices: *const cl_device_id, names: *const c_char, errcode_ret: *mut cl_int) -> cl_program {
+pub unsafe extern "C" fn clCreateProgramWithBuiltInKernels(
+    c: cl_context,
+    n: cl_uint,
+    devices: *const cl_device_id,
+    names: *const c_char,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
     entry::object(errcode_ret, || {
         let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
         let (_, devs) = devices_of(n, devices)?;
@@ -237,7 +370,11 @@ fn build_notify(f: BuildCb, user_data: *mut c_void, handle: usize) -> (BuildCb, 
         None => (None, std::ptr::null_mut()),
         Some(func) => {
             PENDING_BUILDS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            let b = Box::new(BuildNotify { func, user_data: user_data as usize, handle });
+            let b = Box::new(BuildNotify {
+                func,
+                user_data: user_data as usize,
+                handle,
+            });
             (Some(build_trampoline), Box::into_raw(b).cast())
         }
     }
@@ -256,7 +393,14 @@ fn records_step(rc: cl_int) -> bool {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clBuildProgram(p: cl_program, n: cl_uint, devices: *const cl_device_id, options: *const c_char, f: BuildCb, user_data: *mut c_void) -> cl_int {
+pub unsafe extern "C" fn clBuildProgram(
+    p: cl_program,
+    n: cl_uint,
+    devices: *const cl_device_id,
+    options: *const c_char,
+    f: BuildCb,
+    user_data: *mut c_void,
+) -> cl_int {
     entry::status(false, || {
         let prog = program_ref(p.cast())?;
         if f.is_none() && !user_data.is_null() {
@@ -268,12 +412,31 @@ pub unsafe extern "C" fn clBuildProgram(p: cl_program, n: cl_uint, devices: *con
         let (cb, ud) = build_notify(f, user_data, p as usize);
         let v = prog.base.vendor();
         // SAFETY: vendor program and devices.
-        let rc = unsafe { vfn!(v, clBuildProgram)?(v.cast(), n, if vd.is_empty() { std::ptr::null() } else { vd.as_ptr() }, vopts.as_ptr(), cb, ud) };
+        let rc = unsafe {
+            vfn!(v, clBuildProgram)?(
+                v.cast(),
+                n,
+                if vd.is_empty() {
+                    std::ptr::null()
+                } else {
+                    vd.as_ptr()
+                },
+                vopts.as_ptr(),
+                cb,
+                ud,
+            )
+        };
         if rc != CL_SUCCESS && rc != CL_BUILD_PROGRAM_FAILURE {
             undo_notify(cb, ud);
         }
         if records_step(rc) {
-            prog.steps.lock().unwrap_or_else(|e| e.into_inner()).push(BuildStep::Build { devices: devs, options: opts });
+            prog.steps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(BuildStep::Build {
+                    devices: devs,
+                    options: opts,
+                });
         }
         check(rc)
     })
@@ -298,7 +461,11 @@ pub unsafe extern "C" fn clCompileProgram(
         }
         let (vd, devs) = devices_of(n, devices)?;
         let hs = entry::slice(headers, n_headers as usize, CL_INVALID_VALUE)?;
-        let hn = entry::slice(header_names.cast_const(), n_headers as usize, CL_INVALID_VALUE)?;
+        let hn = entry::slice(
+            header_names.cast_const(),
+            n_headers as usize,
+            CL_INVALID_VALUE,
+        )?;
         let mut vh = Vec::new();
         let mut recorded = Vec::new();
         for (&h, &name) in hs.iter().zip(hn) {
@@ -315,10 +482,18 @@ pub unsafe extern "C" fn clCompileProgram(
             vfn!(v, clCompileProgram)?(
                 v.cast(),
                 n,
-                if vd.is_empty() { std::ptr::null() } else { vd.as_ptr() },
+                if vd.is_empty() {
+                    std::ptr::null()
+                } else {
+                    vd.as_ptr()
+                },
                 vopts.as_ptr(),
                 n_headers,
-                if vh.is_empty() { std::ptr::null() } else { vh.as_ptr() },
+                if vh.is_empty() {
+                    std::ptr::null()
+                } else {
+                    vh.as_ptr()
+                },
                 header_names,
                 cb,
                 ud,
@@ -328,7 +503,14 @@ pub unsafe extern "C" fn clCompileProgram(
             undo_notify(cb, ud);
         }
         if records_step(rc) {
-            prog.steps.lock().unwrap_or_else(|e| e.into_inner()).push(BuildStep::Compile { devices: devs, options: opts, headers: recorded });
+            prog.steps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(BuildStep::Compile {
+                    devices: devs,
+                    options: opts,
+                    headers: recorded,
+                });
         }
         check(rc)
     })
@@ -365,17 +547,44 @@ pub unsafe extern "C" fn clLinkProgram(
         }
         let opts = options_of(options);
         let vopts = with_arg_info(&opts);
-        let prog = Arc::new(new_program(context.clone(), ProgramSource::Linked { devices: devs, options: opts, inputs: recorded }));
+        let prog = Arc::new(new_program(
+            context.clone(),
+            ProgramSource::Linked {
+                devices: devs,
+                options: opts,
+                inputs: recorded,
+            },
+        ));
         let h: cl_program = publish(prog.clone());
         let (cb, ud) = build_notify(f, user_data, h as usize);
         let vc = context.base.vendor();
         let mut err = CL_SUCCESS;
         // SAFETY: vendor objects.
-        let v = unsafe { vfn!(vc, clLinkProgram)?(vc.cast(), n, if vd.is_empty() { std::ptr::null() } else { vd.as_ptr() }, vopts.as_ptr(), n_inputs, vi.as_ptr(), cb, ud, &mut err) };
+        let v = unsafe {
+            vfn!(vc, clLinkProgram)?(
+                vc.cast(),
+                n,
+                if vd.is_empty() {
+                    std::ptr::null()
+                } else {
+                    vd.as_ptr()
+                },
+                vopts.as_ptr(),
+                n_inputs,
+                vi.as_ptr(),
+                cb,
+                ud,
+                &mut err,
+            )
+        };
         if v.is_null() {
             undo_notify(cb, ud);
             handle::app_release(&*prog, |_| ());
-            return Err(if err == CL_SUCCESS { CL_LINK_PROGRAM_FAILURE } else { err });
+            return Err(if err == CL_SUCCESS {
+                CL_LINK_PROGRAM_FAILURE
+            } else {
+                err
+            });
         }
         prog.base.set_vendor(v.cast());
         // OpenCL returns a program object even when linking failed (its log says
@@ -385,20 +594,35 @@ pub unsafe extern "C" fn clLinkProgram(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetProgramSpecializationConstant(p: cl_program, id: cl_uint, size: usize, value: *const c_void) -> cl_int {
+pub unsafe extern "C" fn clSetProgramSpecializationConstant(
+    p: cl_program,
+    id: cl_uint,
+    size: usize,
+    value: *const c_void,
+) -> cl_int {
     entry::status(false, || {
         let prog = program_ref(p.cast())?;
         let bytes = entry::slice(value.cast::<u8>(), size, CL_INVALID_VALUE)?;
         let v = prog.base.vendor();
         // SAFETY: forwarding.
         check(unsafe { vfn!(v, clSetProgramSpecializationConstant)?(v.cast(), id, size, value) })?;
-        prog.steps.lock().unwrap_or_else(|e| e.into_inner()).push(BuildStep::SpecConstant { id, value: bytes.to_vec() });
+        prog.steps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(BuildStep::SpecConstant {
+                id,
+                value: bytes.to_vec(),
+            });
         Ok(())
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetProgramReleaseCallback(p: cl_program, _f: BuildCb, _user_data: *mut c_void) -> cl_int {
+pub unsafe extern "C" fn clSetProgramReleaseCallback(
+    p: cl_program,
+    _f: BuildCb,
+    _user_data: *mut c_void,
+) -> cl_int {
     // Deprecated in OpenCL 2.2 and allowed to fail with CL_INVALID_OPERATION;
     // crane cannot keep its timing across a suspend.
     entry::status(false, || {
@@ -410,26 +634,60 @@ pub unsafe extern "C" fn clSetProgramReleaseCallback(p: cl_program, _f: BuildCb,
 /// Vendor devices to crane devices, for introspection results.
 fn crane_devices(vds: &[cl_device_id], ctx: &Context) -> Vec<*mut c_void> {
     vds.iter()
-        .map(|&vd| ctx.devices.iter().find(|d| d.base.vendor() == vd.cast()).map_or(std::ptr::null_mut(), |d| d.base.handle()))
+        .map(|&vd| {
+            ctx.devices
+                .iter()
+                .find(|d| d.base.vendor() == vd.cast())
+                .map_or(std::ptr::null_mut(), |d| d.base.handle())
+        })
         .collect()
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetProgramInfo(p: cl_program, param: cl_program_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetProgramInfo(
+    p: cl_program,
+    param: cl_program_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let prog = program_ref(p.cast())?;
         let v = prog.base.vendor();
         match param {
-            CL_PROGRAM_CONTEXT => write_info(bytes_of(&prog.context.base.handle::<c_void>()), size, value, size_ret),
-            CL_PROGRAM_REFERENCE_COUNT => write_info(bytes_of(&prog.base.app_refs()), size, value, size_ret),
+            CL_PROGRAM_CONTEXT => write_info(
+                bytes_of(&prog.context.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_PROGRAM_REFERENCE_COUNT => {
+                write_info(bytes_of(&prog.base.app_refs()), size, value, size_ret)
+            }
             CL_PROGRAM_DEVICES => {
                 let mut n = 0usize;
                 // SAFETY: size query.
-                check(unsafe { vfn!(v, clGetProgramInfo)?(v.cast(), param, 0, std::ptr::null_mut(), &mut n) })?;
-                let mut vds: Vec<cl_device_id> = vec![std::ptr::null_mut(); n / std::mem::size_of::<cl_device_id>()];
+                check(unsafe {
+                    vfn!(v, clGetProgramInfo)?(v.cast(), param, 0, std::ptr::null_mut(), &mut n)
+                })?;
+                let mut vds: Vec<cl_device_id> =
+                    vec![std::ptr::null_mut(); n / std::mem::size_of::<cl_device_id>()];
                 // SAFETY: `vds` holds n bytes.
-                check(unsafe { vfn!(v, clGetProgramInfo)?(v.cast(), param, n, vds.as_mut_ptr().cast(), std::ptr::null_mut()) })?;
-                write_info(bytes_of_slice(&crane_devices(&vds, &prog.context)), size, value, size_ret)
+                check(unsafe {
+                    vfn!(v, clGetProgramInfo)?(
+                        v.cast(),
+                        param,
+                        n,
+                        vds.as_mut_ptr().cast(),
+                        std::ptr::null_mut(),
+                    )
+                })?;
+                write_info(
+                    bytes_of_slice(&crane_devices(&vds, &prog.context)),
+                    size,
+                    value,
+                    size_ret,
+                )
             }
             CL_PROGRAM_SOURCE => match &prog.source {
                 ProgramSource::Source(s) => {
@@ -438,16 +696,27 @@ pub unsafe extern "C" fn clGetProgramInfo(p: cl_program, param: cl_program_info,
                     write_info(&z, size, value, size_ret)
                 }
                 // SAFETY: forwarding.
-                _ => check(unsafe { vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret) }),
+                _ => check(unsafe {
+                    vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret)
+                }),
             },
-            // SAFETY: forwarding.
-            _ => check(unsafe { vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret) }),
+            _ => {
+                // SAFETY: forwarding.
+                check(unsafe { vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret) })
+            }
         }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetProgramBuildInfo(p: cl_program, d: cl_device_id, param: cl_program_build_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetProgramBuildInfo(
+    p: cl_program,
+    d: cl_device_id,
+    param: cl_program_build_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let prog = program_ref(p.cast())?;
         let vd = vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
@@ -459,6 +728,8 @@ pub unsafe extern "C" fn clGetProgramBuildInfo(p: cl_program, d: cl_device_id, p
         }
         let v = prog.base.vendor();
         // SAFETY: forwarding with the vendor device.
-        check(unsafe { vfn!(v, clGetProgramBuildInfo)?(v.cast(), vd.cast(), param, size, value, size_ret) })
+        check(unsafe {
+            vfn!(v, clGetProgramBuildInfo)?(v.cast(), vd.cast(), param, size, value, size_ret)
+        })
     })
 }

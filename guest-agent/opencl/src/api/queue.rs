@@ -19,35 +19,67 @@ pub fn vendor_create(q: &Queue) -> ClResult<*mut c_void> {
         Some(p) => {
             // SAFETY: vendor context and device.
             #[allow(deprecated)]
-            unsafe { vfn!(vc, clCreateCommandQueue)?(vc.cast(), vd.cast(), p, &mut err) }
+            unsafe {
+                vfn!(vc, clCreateCommandQueue)?(vc.cast(), vd.cast(), p, &mut err)
+            }
         }
         // SAFETY: vendor context, device and a zero-terminated property list.
         None => unsafe {
-            vfn!(vc, clCreateCommandQueueWithProperties)?(vc.cast(), vd.cast(), if q.props.is_empty() { std::ptr::null() } else { q.props.as_ptr() }, &mut err)
+            vfn!(vc, clCreateCommandQueueWithProperties)?(
+                vc.cast(),
+                vd.cast(),
+                if q.props.is_empty() {
+                    std::ptr::null()
+                } else {
+                    q.props.as_ptr()
+                },
+                &mut err,
+            )
         },
     };
     check(err)?;
     Ok(v.cast())
 }
 
-fn create(c: cl_context, d: cl_device_id, legacy: Option<cl_command_queue_properties>, props: Vec<cl_queue_properties>) -> ClResult<cl_command_queue> {
+fn create(
+    c: cl_context,
+    d: cl_device_id,
+    legacy: Option<cl_command_queue_properties>,
+    props: Vec<cl_queue_properties>,
+) -> ClResult<cl_command_queue> {
     let context = arc_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
     let device = arc_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
     if !context.devices.iter().any(|x| Arc::ptr_eq(x, &device)) {
         return Err(CL_INVALID_DEVICE);
     }
-    let q = Queue { base: Base::new(std::ptr::null_mut()), context, device, props, legacy_props: legacy };
+    let q = Queue {
+        base: Base::new(std::ptr::null_mut()),
+        context,
+        device,
+        props,
+        legacy_props: legacy,
+    };
     q.base.set_vendor(vendor_create(&q)?);
     Ok(publish(Arc::new(q)))
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateCommandQueue(c: cl_context, d: cl_device_id, props: cl_command_queue_properties, errcode_ret: *mut cl_int) -> cl_command_queue {
+pub unsafe extern "C" fn clCreateCommandQueue(
+    c: cl_context,
+    d: cl_device_id,
+    props: cl_command_queue_properties,
+    errcode_ret: *mut cl_int,
+) -> cl_command_queue {
     entry::object(errcode_ret, || create(c, d, Some(props), Vec::new()))
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clCreateCommandQueueWithProperties(c: cl_context, d: cl_device_id, props: *const cl_queue_properties, errcode_ret: *mut cl_int) -> cl_command_queue {
+pub unsafe extern "C" fn clCreateCommandQueueWithProperties(
+    c: cl_context,
+    d: cl_device_id,
+    props: *const cl_queue_properties,
+    errcode_ret: *mut cl_int,
+) -> cl_command_queue {
     entry::object(errcode_ret, || create(c, d, None, entry::read_props(props)))
 }
 
@@ -75,39 +107,79 @@ pub unsafe extern "C" fn clReleaseCommandQueue(q: cl_command_queue) -> cl_int {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clGetCommandQueueInfo(q: cl_command_queue, param: cl_command_queue_info, size: usize, value: *mut c_void, size_ret: *mut usize) -> cl_int {
+pub unsafe extern "C" fn clGetCommandQueueInfo(
+    q: cl_command_queue,
+    param: cl_command_queue_info,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     entry::status(false, || {
         let queue = queue_ref(q.cast())?;
         match param {
-            CL_QUEUE_CONTEXT => write_info(bytes_of(&queue.context.base.handle::<c_void>()), size, value, size_ret),
-            CL_QUEUE_DEVICE => write_info(bytes_of(&queue.device.base.handle::<c_void>()), size, value, size_ret),
-            CL_QUEUE_REFERENCE_COUNT => write_info(bytes_of(&queue.base.app_refs()), size, value, size_ret),
+            CL_QUEUE_CONTEXT => write_info(
+                bytes_of(&queue.context.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_QUEUE_DEVICE => write_info(
+                bytes_of(&queue.device.base.handle::<c_void>()),
+                size,
+                value,
+                size_ret,
+            ),
+            CL_QUEUE_REFERENCE_COUNT => {
+                write_info(bytes_of(&queue.base.app_refs()), size, value, size_ret)
+            }
             CL_QUEUE_DEVICE_DEFAULT => {
                 let v = queue.base.vendor();
                 let mut vq: *mut c_void = std::ptr::null_mut();
                 // SAFETY: the vendor writes one queue handle.
-                check(unsafe { vfn!(v, clGetCommandQueueInfo)?(v.cast(), param, std::mem::size_of::<*mut c_void>(), (&raw mut vq).cast(), std::ptr::null_mut()) })?;
-                let h = handle::live::<Queue>().into_iter().find(|x| x.base.vendor() == vq).map_or(std::ptr::null_mut(), |x| x.base.handle::<c_void>());
+                check(unsafe {
+                    vfn!(v, clGetCommandQueueInfo)?(
+                        v.cast(),
+                        param,
+                        std::mem::size_of::<*mut c_void>(),
+                        (&raw mut vq).cast(),
+                        std::ptr::null_mut(),
+                    )
+                })?;
+                let h = handle::live::<Queue>()
+                    .into_iter()
+                    .find(|x| x.base.vendor() == vq)
+                    .map_or(std::ptr::null_mut(), |x| x.base.handle::<c_void>());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
             _ => {
                 let v = queue.base.vendor();
                 // SAFETY: forwarding.
-                check(unsafe { vfn!(v, clGetCommandQueueInfo)?(v.cast(), param, size, value, size_ret) })
+                check(unsafe {
+                    vfn!(v, clGetCommandQueueInfo)?(v.cast(), param, size, value, size_ret)
+                })
             }
         }
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetCommandQueueProperty(_q: cl_command_queue, _p: cl_command_queue_properties, _e: cl_bool, _old: *mut cl_command_queue_properties) -> cl_int {
+pub unsafe extern "C" fn clSetCommandQueueProperty(
+    _q: cl_command_queue,
+    _p: cl_command_queue_properties,
+    _e: cl_bool,
+    _old: *mut cl_command_queue_properties,
+) -> cl_int {
     // Deprecated since OpenCL 1.1 and not re-creatable: refused as the
     // specification allows.
     entry::status(false, || Err(CL_INVALID_OPERATION))
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSetDefaultDeviceCommandQueue(c: cl_context, d: cl_device_id, q: cl_command_queue) -> cl_int {
+pub unsafe extern "C" fn clSetDefaultDeviceCommandQueue(
+    c: cl_context,
+    d: cl_device_id,
+    q: cl_command_queue,
+) -> cl_int {
     entry::status(false, || {
         let vc = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
         let vd = vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;

@@ -23,27 +23,42 @@ pub fn live_bytes() -> (usize, usize) {
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clSVMAlloc(c: cl_context, flags: cl_svm_mem_flags, size: usize, align: cl_uint) -> *mut c_void {
+pub unsafe extern "C" fn clSVMAlloc(
+    c: cl_context,
+    flags: cl_svm_mem_flags,
+    size: usize,
+    align: cl_uint,
+) -> *mut c_void {
     entry::infallible(std::ptr::null_mut(), || {
-        let Ok(vc) = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT) else { return std::ptr::null_mut() };
-        let Ok(f) = vfn!(vc, clSVMAlloc) else { return std::ptr::null_mut() };
+        let Ok(vc) = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT) else {
+            return std::ptr::null_mut();
+        };
+        let Ok(f) = vfn!(vc, clSVMAlloc) else {
+            return std::ptr::null_mut();
+        };
         // SAFETY: forwarding.
         let p = unsafe { f(vc.cast(), flags, size, align) };
         if !p.is_null() {
-            LIVE.lock().unwrap_or_else(|e| e.into_inner()).push((p as usize, size));
+            LIVE.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((p as usize, size));
         }
         p
     })
 }
 
 fn forget(p: *mut c_void) {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(q, _)| q != p as usize);
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|&(q, _)| q != p as usize);
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clSVMFree(c: cl_context, p: *mut c_void) {
     entry::infallible((), || {
-        let Ok(vc) = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT) else { return };
+        let Ok(vc) = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT) else {
+            return;
+        };
         if let Ok(f) = vfn!(vc, clSVMFree) {
             // SAFETY: forwarding.
             unsafe { f(vc.cast(), p) };
@@ -52,20 +67,48 @@ pub unsafe extern "C" fn clSVMFree(c: cl_context, p: *mut c_void) {
     })
 }
 
-fn run(q: cl_command_queue, n: cl_uint, list: *const cl_event, ev: *mut cl_event, cmd: cl_command_type, f: impl FnOnce(cl_command_queue, *const cl_event, *mut cl_event) -> ClResult<cl_int>) -> ClResult<()> {
+fn run(
+    q: cl_command_queue,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+    cmd: cl_command_type,
+    f: impl FnOnce(cl_command_queue, *const cl_event, *mut cl_event) -> ClResult<cl_int>,
+) -> ClResult<()> {
     let queue = queue_ref(q.cast())?;
     let vq: cl_command_queue = queue.base.vendor().cast();
     let w = waits(n, list)?;
     let mut vev: cl_event = std::ptr::null_mut();
-    check(f(vq, if w.is_empty() { std::ptr::null() } else { w.as_ptr() }, if ev.is_null() { std::ptr::null_mut() } else { &mut vev })?)?;
+    check(f(
+        vq,
+        if w.is_empty() {
+            std::ptr::null()
+        } else {
+            w.as_ptr()
+        },
+        if ev.is_null() {
+            std::ptr::null_mut()
+        } else {
+            &mut vev
+        },
+    )?)?;
     if !ev.is_null() {
         let queue = arc_of::<Queue>(q.cast(), CL_INVALID_COMMAND_QUEUE)?;
-        entry::put(ev, publish(super::event::new_event(queue.context.clone(), Some(queue), vev.cast(), cmd)));
+        entry::put(
+            ev,
+            publish(super::event::new_event(
+                queue.context.clone(),
+                Some(queue),
+                vev.cast(),
+                cmd,
+            )),
+        );
     }
     Ok(())
 }
 
-type SvmFreeCb = Option<unsafe extern "C" fn(cl_command_queue, cl_uint, *mut *mut c_void, *mut c_void)>;
+type SvmFreeCb =
+    Option<unsafe extern "C" fn(cl_command_queue, cl_uint, *mut *mut c_void, *mut c_void)>;
 
 struct SvmFreeNotify {
     func: unsafe extern "C" fn(cl_command_queue, cl_uint, *mut *mut c_void, *mut c_void),
@@ -73,21 +116,50 @@ struct SvmFreeNotify {
     queue: usize,
 }
 
-unsafe extern "C" fn svm_free_trampoline(_vq: cl_command_queue, n: cl_uint, ptrs: *mut *mut c_void, ud: *mut c_void) {
+unsafe extern "C" fn svm_free_trampoline(
+    _vq: cl_command_queue,
+    n: cl_uint,
+    ptrs: *mut *mut c_void,
+    ud: *mut c_void,
+) {
     // SAFETY: the Box made in clEnqueueSVMFree; the vendor calls back once.
     let b = unsafe { Box::from_raw(ud.cast::<SvmFreeNotify>()) };
     let _pass = crate::gate::enter_callback();
     // SAFETY: the application's callback with crane's queue and its own data.
-    let _ = std::panic::catch_unwind(|| unsafe { (b.func)(b.queue as cl_command_queue, n, ptrs, b.user_data as *mut c_void) });
+    let _ = std::panic::catch_unwind(|| unsafe {
+        (b.func)(
+            b.queue as cl_command_queue,
+            n,
+            ptrs,
+            b.user_data as *mut c_void,
+        )
+    });
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueSVMFree(q: cl_command_queue, n_ptrs: cl_uint, ptrs: *mut *mut c_void, f: SvmFreeCb, ud: *mut c_void, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueSVMFree(
+    q: cl_command_queue,
+    n_ptrs: cl_uint,
+    ptrs: *mut *mut c_void,
+    f: SvmFreeCb,
+    ud: *mut c_void,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         let ps = entry::slice(ptrs.cast_const(), n_ptrs as usize, CL_INVALID_VALUE)?.to_vec();
         // The application's callback must see crane's queue, not the vendor's.
         let (cb, cud): (SvmFreeCb, *mut c_void) = match f {
-            Some(func) => (Some(svm_free_trampoline), Box::into_raw(Box::new(SvmFreeNotify { func, user_data: ud as usize, queue: q as usize })).cast()),
+            Some(func) => (
+                Some(svm_free_trampoline),
+                Box::into_raw(Box::new(SvmFreeNotify {
+                    func,
+                    user_data: ud as usize,
+                    queue: q as usize,
+                }))
+                .cast(),
+            ),
             None => (None, ud),
         };
         let r = run(q, n, list, ev, CL_COMMAND_SVM_FREE, |vq, w, ve| {
@@ -107,7 +179,16 @@ pub unsafe extern "C" fn clEnqueueSVMFree(q: cl_command_queue, n_ptrs: cl_uint, 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueSVMMemcpy(q: cl_command_queue, blocking: cl_bool, dst: *mut c_void, src: *const c_void, size: usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueSVMMemcpy(
+    q: cl_command_queue,
+    blocking: cl_bool,
+    dst: *mut c_void,
+    src: *const c_void,
+    size: usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MEMCPY, |vq, w, ve| {
             // SAFETY: forwarding.
@@ -117,7 +198,16 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(q: cl_command_queue, blocking: cl_bo
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueSVMMemFill(q: cl_command_queue, p: *mut c_void, pattern: *const c_void, psize: usize, size: usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueSVMMemFill(
+    q: cl_command_queue,
+    p: *mut c_void,
+    pattern: *const c_void,
+    psize: usize,
+    size: usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MEMFILL, |vq, w, ve| {
             // SAFETY: forwarding.
@@ -127,7 +217,16 @@ pub unsafe extern "C" fn clEnqueueSVMMemFill(q: cl_command_queue, p: *mut c_void
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueSVMMap(q: cl_command_queue, blocking: cl_bool, flags: cl_map_flags, p: *mut c_void, size: usize, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueSVMMap(
+    q: cl_command_queue,
+    blocking: cl_bool,
+    flags: cl_map_flags,
+    p: *mut c_void,
+    size: usize,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MAP, |vq, w, ve| {
             // SAFETY: forwarding.
@@ -137,7 +236,13 @@ pub unsafe extern "C" fn clEnqueueSVMMap(q: cl_command_queue, blocking: cl_bool,
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueSVMUnmap(q: cl_command_queue, p: *mut c_void, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueSVMUnmap(
+    q: cl_command_queue,
+    p: *mut c_void,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_UNMAP, |vq, w, ve| {
             // SAFETY: forwarding.
@@ -147,11 +252,22 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(q: cl_command_queue, p: *mut c_void, 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clEnqueueSVMMigrateMem(q: cl_command_queue, n_ptrs: cl_uint, ptrs: *mut *const c_void, sizes: *const usize, flags: cl_mem_migration_flags, n: cl_uint, list: *const cl_event, ev: *mut cl_event) -> cl_int {
+pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
+    q: cl_command_queue,
+    n_ptrs: cl_uint,
+    ptrs: *mut *const c_void,
+    sizes: *const usize,
+    flags: cl_mem_migration_flags,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+) -> cl_int {
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MIGRATE_MEM, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueSVMMigrateMem)?(vq, n_ptrs, ptrs, sizes, flags, n, w, ve) })
+            Ok(unsafe {
+                vfn!(vq, clEnqueueSVMMigrateMem)?(vq, n_ptrs, ptrs, sizes, flags, n, w, ve)
+            })
         })
     })
 }
