@@ -94,6 +94,8 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The integration tier loads the cdylib, which `cargo test` does not build.
+    run(cargo().args(["build", "-p", "crane-opencl"]))?;
     run(cargo().args(["test", "--workspace"]))?;
     eprintln!(
         "xtask: all tiers passed in {:.0} s",
