@@ -28,8 +28,11 @@ pub const XEN_PACKAGE: &str = "xen-hypervisor-4.17-amd64";
 pub const KERNEL_META_PACKAGE: &str = "linux-image-amd64";
 const XEN_IMAGE: &str = "/boot/xen-4.17-amd64.gz";
 
-/// Packages every initramfs starts from.
-const BASE_PACKAGES: &[&str] = &["busybox-static"];
+/// Packages every initramfs starts from: busybox for the userland, lspci (Debian's
+/// busybox has none) with the PCI ID list, to show what devices a domain sees.
+const BASE_PACKAGES: &[&str] = &["busybox-static", "pciutils", "pci.ids"];
+/// Files every initramfs gets from those packages.
+const BASE_FILES: &[&str] = &["/usr/bin/lspci", "/usr/share/misc/pci.ids"];
 /// Packages dom0 needs for xl, xenstored, xenconsoled and HVM device models
 /// (hvmloader, SeaBIOS, QEMU's Xen build and its ROMs). `libgcc-s1` is loaded with
 /// dlopen by glibc's pthread_cancel, which xl uses, so no ELF header names it.
@@ -279,6 +282,9 @@ impl Builder {
             }
         }
         image.symlink("/init", "/bin/busybox");
+        for path in BASE_FILES {
+            image.from_sysroot(path)?;
+        }
         for dir in [
             "/proc",
             "/sys",

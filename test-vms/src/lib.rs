@@ -67,16 +67,19 @@ pub fn build_images(paths: &Paths) -> anyhow::Result<Images> {
     })
 }
 
-/// Builds the images and boots host 0, owned by the caller (killed on drop).
-pub fn boot_owned_host() -> anyhow::Result<EmulatedHost> {
+/// Builds the images and boots a host with its state in `target/testbed/NAME`, owned
+/// by the caller (killed on drop, or when the calling process dies).
+pub fn boot_owned_host(name: &str) -> anyhow::Result<EmulatedHost> {
     let paths = Paths::in_workspace(&workspace_root());
     ensure_qemu(&paths)?;
     let images = build_images(&paths)?;
-    Ok(EmulatedHost::boot(
-        &HostConfig::new(state_dir(0)),
-        &images,
-        Lifetime::Owned,
-    )?)
+    let config = HostConfig::new(test_state_dir(name));
+    Ok(EmulatedHost::boot(&config, &images, Lifetime::Owned)?)
+}
+
+/// The state directory of a host that a test owns, apart from the `testbed up` one.
+pub fn test_state_dir(name: &str) -> PathBuf {
+    workspace_root().join("target/testbed").join(name)
 }
 
 const USAGE: &str = "\
