@@ -90,6 +90,7 @@ const DOM0_FILES: &[&str] = &[
 const RC_COMMON: &str = include_str!("../files/rc.sysinit.common");
 const DOM0_RC: &str = include_str!("../files/dom0.rc.sysinit");
 const GUEST_RC: &str = include_str!("../files/guest.rc.sysinit");
+const VIF_SCRIPT: &str = include_str!("../files/vif-crane");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -328,6 +329,7 @@ impl Builder {
         }
         image.symlink("/usr/sbin/xl", "/usr/lib/xen-4.17/bin/xl");
         image.symlink("/bin/bash", "/bin/busybox");
+        image.bytes("/etc/xen/scripts/vif-crane", VIF_SCRIPT, 0o755);
         image.bytes("/etc/xen/xl.conf", "autoballoon=\"off\"\n", 0o644);
         Ok(image)
     }

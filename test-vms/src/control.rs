@@ -241,6 +241,7 @@ mod tests {
         let script = std::fs::read_to_string(&runner)
             .unwrap()
             .replace("stty -F \"$dev\" raw -echo\n", "")
+            .replace("while read -r -t 1 stale <&3; do :; done\n", "")
             .replace("exec 3<>\"$dev\"", "exec 3<\"$dev\" 4>\"$OUT\"")
             .replace("} >&3", "} >&4");
         let mut child = std::process::Command::new("sh")

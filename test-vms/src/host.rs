@@ -21,6 +21,10 @@ use nix::unistd::Pid;
 
 use crate::control::{self, CommandOutput, ControlError};
 
+/// dom0's address on its bridge `xenbr0`, which the domUs' network back ends join.
+/// The network exists only inside the emulated machine.
+pub const DOM0_ADDRESS: &str = "10.77.0.1/24";
+
 /// The QEMU binary (Debian's qemu-system-x86 package).
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
 
@@ -135,7 +139,7 @@ pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
         xen_cmdline,
         "-initrd".into(),
         format!(
-            "{} console=hvc0 loglevel=4 crane.hostname=dom0,{}",
+            "{} console=hvc0 loglevel=4 crane.hostname=dom0 crane.ip={DOM0_ADDRESS}@xenbr0,{}",
             images.kernel.display(),
             images.dom0_initrd.display()
         ),

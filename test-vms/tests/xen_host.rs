@@ -1,5 +1,6 @@
-//! End-to-end tier on one emulated Xen host: PCI passthrough of the stand-in device to an
-//! HVM guest around a live migration, and stop-and-copy of a PV guest.
+//! End-to-end tier on one emulated Xen host: a PV proxy domU and an HVM guest networked
+//! over dom0's bridge, PCI passthrough of the stand-in device to the guest around a live
+//! migration, and stop-and-copy (save/restore) of the PV proxy.
 //!
 //! Ignored unless built with `CRANE_E2E=1` (see build.rs):
 //! `CRANE_E2E=1 cargo test -p crane-test-vms --test xen_host -- --nocapture`.
@@ -156,7 +157,10 @@ fn sees_standin(lspci: &str) -> bool {
     parse_lspci(lspci).iter().any(|(_, id)| id == STANDIN_ID)
 }
 
-fn guest_config(name: &str, kind: &str) -> String {
+/// The xl configuration of a domU booting the testbed's domU kernel and initramfs,
+/// with one network interface on dom0's bridge at `address`. HVM domUs get no
+/// emulated NIC (`type=vif`): their network is the PV front end, as the proxy's is.
+fn domu_config(name: &str, kind: &str, address: &str) -> String {
     let hvm = if kind == "hvm" {
         "serial = \"pty\"\nvnc = 0\nsdl = 0\nvga = \"none\"\n\
          device_model_override = \"/usr/libexec/xen-qemu-system-i386\"\n"
@@ -166,20 +170,54 @@ fn guest_config(name: &str, kind: &str) -> String {
     format!(
         "name = \"{name}\"\ntype = \"{kind}\"\nmemory = 256\nvcpus = 1\n\
          kernel = \"{GUEST_KERNEL}\"\nramdisk = \"{GUEST_INITRD}\"\n\
-         extra = \"console=hvc0 quiet crane.hostname={name}\"\n\
+         extra = \"console=hvc0 quiet crane.hostname={name} crane.ip={address}\"\n\
+         vif = [ \"bridge=xenbr0,type=vif,script=vif-crane\" ]\n\
          passthrough = \"enabled\"\non_crash = \"preserve\"\n{hvm}"
     )
 }
 
-fn create_domain(tier: &Tier, name: &str, kind: &str) {
-    let config = guest_config(name, kind);
+fn create_domain(tier: &Tier, name: &str, kind: &str, address: &str) {
+    let config = domu_config(name, kind, address);
     tier.dom0(&format!(
         "mkdir -p /etc/xen/crane && cat > /etc/xen/crane/{name}.cfg <<'CFG'\n{config}CFG\nxl create /etc/xen/crane/{name}.cfg"
     ));
-    tier.wait_domu(name, "hostname", Duration::from_secs(180), |out| {
+}
+
+fn wait_booted(tier: &Tier, name: &str) {
+    tier.wait_domu(name, "hostname", Duration::from_secs(300), |out| {
         out.trim() == name
     });
 }
+
+/// Pings `target` from `domain` and returns the number of replies (of 3).
+fn ping(tier: &Tier, domain: &str, target: &str) -> u32 {
+    let out = tier
+        .host
+        .run_in_domain(
+            domain,
+            &format!("ping -c 3 -W 5 {target}"),
+            Duration::from_secs(40),
+        )
+        .expect("command channel");
+    parse_ping_received(&out.stdout_text()).unwrap_or_else(|| {
+        panic!(
+            "no ping summary from {domain}: {}{}",
+            out.stdout_text(),
+            out.stderr_text()
+        )
+    })
+}
+
+/// The "N packets received" figure of busybox ping's summary.
+fn parse_ping_received(text: &str) -> Option<u32> {
+    let line = text.lines().find(|l| l.contains("packets transmitted"))?;
+    let field = line.split(',').find(|f| f.contains("received"))?;
+    field.split_whitespace().next()?.parse().ok()
+}
+
+const PROXY_IP: &str = "10.77.0.2";
+const GUEST_IP: &str = "10.77.0.3";
+const DOM0_IP: &str = "10.77.0.1";
 
 #[test]
 #[cfg_attr(
@@ -213,14 +251,29 @@ fn hvm_passthrough_around_live_migration_and_pv_save_restore() {
     assert_eq!(dom0_list[0].id, 0);
     assert_eq!(dom0_list[0].memory_mib, 1024);
 
+    // --- The proxy domU (PV) and the GPU guest (HVM), networked over dom0's bridge.
+    create_domain(&tier, "proxy", "pv", &format!("{PROXY_IP}/24"));
+    create_domain(&tier, "hvmguest", "hvm", &format!("{GUEST_IP}/24"));
+    wait_booted(&tier, "proxy");
+    wait_booted(&tier, "hvmguest");
+    tier.phase("create PV proxy + HVM guest, wait for their runners");
+    assert!(
+        tier.dom0("ls /sys/class/net/xenbr0/brif").contains("vif"),
+        "back ends joined the bridge"
+    );
+    assert_eq!(
+        ping(&tier, "hvmguest", PROXY_IP),
+        3,
+        "guest reaches the proxy"
+    );
+    assert_eq!(ping(&tier, "proxy", DOM0_IP), 3, "proxy reaches dom0");
+    tier.phase("ping guest -> proxy and proxy -> dom0");
+
     // --- HVM guest: attach, detach, live-migrate, attach again.
-    create_domain(&tier, "hvmguest", "hvm");
-    tier.phase("create HVM guest and wait for its runner");
     assert!(
         !sees_standin(&tier.domu("hvmguest", "lspci -n")),
         "stand-in visible before attach"
     );
-
     tier.dom0(&format!("xl pci-assignable-add {STANDIN_BDF}"));
     assert!(tier.dom0("xl pci-assignable-list").contains(STANDIN_BDF));
     tier.dom0(&format!("xl pci-attach hvmguest {STANDIN_BDF}"));
@@ -235,13 +288,12 @@ fn hvm_passthrough_around_live_migration_and_pv_save_restore() {
         .into_iter()
         .find(|(_, id)| id == STANDIN_ID)
         .expect("stand-in present");
-    let driver = tier.wait_domu(
-        "hvmguest",
-        &format!("readlink /sys/bus/pci/devices/0000:{slot}/driver && ls /sys/bus/pci/devices/0000:{slot}/net"),
-        Duration::from_secs(60),
-        |out| out.contains("/e1000") && out.contains("eth"),
+    // Bound to e1000 with a network interface of its own (eth0 is the PV front end).
+    let standin_bound = format!(
+        "readlink /sys/bus/pci/devices/0000:{slot}/driver && ls /sys/bus/pci/devices/0000:{slot}/net"
     );
-    assert!(driver.contains("drivers/e1000"), "{driver}");
+    let bound = |out: &str| out.contains("drivers/e1000") && out.contains("eth");
+    tier.wait_domu("hvmguest", &standin_bound, Duration::from_secs(60), bound);
     tier.phase("attach stand-in e1000 to HVM guest, driver bound");
 
     // The guest gives up the device the way crane will: driver unloaded, then detached.
@@ -282,38 +334,44 @@ fn hvm_passthrough_around_live_migration_and_pv_save_restore() {
         uptime_after > uptime_before,
         "the guest kept running: {uptime_before} -> {uptime_after}"
     );
+    assert_eq!(
+        ping(&tier, "hvmguest", PROXY_IP),
+        3,
+        "guest reaches the proxy after migrating"
+    );
     tier.phase("live-migrate HVM guest to the same host");
 
     tier.dom0(&format!("xl pci-attach hvmguest {STANDIN_BDF}"));
-    tier.wait_domu(
+    let lspci = tier.wait_domu(
         "hvmguest",
         "lspci -n",
         Duration::from_secs(60),
         sees_standin,
     );
-    tier.domu("hvmguest", "insmod $(grep /e1000.ko /etc/crane/modules)");
-    tier.wait_domu(
-        "hvmguest",
-        "ls /sys/class/net",
-        Duration::from_secs(60),
-        |out| out.split_whitespace().any(|n| n.starts_with("eth")),
+    assert!(
+        lspci.contains(&slot),
+        "the stand-in comes back at {slot}: {lspci}"
     );
+    tier.domu("hvmguest", "insmod $(grep /e1000.ko /etc/crane/modules)");
+    tier.wait_domu("hvmguest", &standin_bound, Duration::from_secs(60), bound);
     tier.phase("re-attach after migration, driver reloaded");
-    tier.dom0(&format!(
-        "xl pci-detach hvmguest {STANDIN_BDF} && xl destroy hvmguest"
-    ));
+    tier.dom0(&format!("xl pci-detach hvmguest {STANDIN_BDF}"));
 
-    // --- PV guest: stop-and-copy with xl save / xl restore keeps its memory.
-    create_domain(&tier, "pvguest", "pv");
-    tier.phase("create PV guest and wait for its runner");
-    tier.domu("pvguest", "echo crane-$$-marker > /run/marker");
-    let marker = tier.domu("pvguest", "cat /run/marker");
-    tier.dom0("mkdir -p /var/lib/xen/save && xl save pvguest /var/lib/xen/save/pvguest.chk");
-    assert!(domain(&parse_xl_list(&tier.dom0("xl list")), "pvguest").is_none());
-    tier.dom0("xl restore /var/lib/xen/save/pvguest.chk && rm /var/lib/xen/save/pvguest.chk");
-    assert!(domain(&parse_xl_list(&tier.dom0("xl list")), "pvguest").is_some());
-    assert_eq!(tier.domu("pvguest", "cat /run/marker"), marker);
-    tier.phase("xl save + xl restore of the PV guest");
+    // --- PV proxy: stop-and-copy with xl save / xl restore keeps its memory.
+    tier.domu("proxy", "echo crane-$$-marker > /run/marker");
+    let marker = tier.domu("proxy", "cat /run/marker");
+    tier.dom0("mkdir -p /var/lib/xen/save && xl save proxy /var/lib/xen/save/proxy.chk");
+    assert!(domain(&parse_xl_list(&tier.dom0("xl list")), "proxy").is_none());
+    tier.dom0("xl restore /var/lib/xen/save/proxy.chk && rm /var/lib/xen/save/proxy.chk");
+    assert!(domain(&parse_xl_list(&tier.dom0("xl list")), "proxy").is_some());
+    assert_eq!(tier.domu("proxy", "cat /run/marker"), marker);
+    assert_eq!(
+        ping(&tier, "hvmguest", PROXY_IP),
+        3,
+        "guest reaches the restored proxy"
+    );
+    tier.phase("xl save + xl restore of the PV proxy");
+    tier.dom0("xl destroy hvmguest && xl destroy proxy");
 
     let total = started.elapsed();
     eprintln!("whole tier: {:.1}s", total.as_secs_f64());
@@ -334,6 +392,13 @@ fn parses_xl_list_and_lspci() {
     let lspci = "00:02.0 ff80: 5853:0001 (rev 01)\n00:03.0 0200: 8086:100e (rev 03)\n";
     assert!(sees_standin(lspci));
     assert!(!sees_standin("00:02.0 ff80: 5853:0001 (rev 01)\n"));
-    assert!(guest_config("g", "hvm").contains("device_model_override"));
-    assert!(!guest_config("g", "pv").contains("device_model_override"));
+    assert!(domu_config("g", "hvm", "10.0.0.1/24").contains("device_model_override"));
+    assert!(!domu_config("g", "pv", "10.0.0.1/24").contains("device_model_override"));
+    let ping = "PING 10.77.0.2 (10.77.0.2): 56 data bytes\n\n--- 10.77.0.2 ping statistics ---\n\
+                3 packets transmitted, 2 packets received, 33% packet loss\n";
+    assert_eq!(parse_ping_received(ping), Some(2));
+    assert_eq!(
+        parse_ping_received("ping: sendto: Network unreachable\n"),
+        None
+    );
 }
