@@ -56,6 +56,9 @@ const DOM0_MODULES: &[&str] = &[
     "xen-netback",
     "bridge",
     "tun",
+    // The NIC that links emulated hosts (virtio); never the stand-in's e1000.
+    "virtio-pci",
+    "virtio-net",
 ];
 const DOMU_MODULES: &[&str] = &["xen-pcifront", "xen-netfront", "e1000"];
 

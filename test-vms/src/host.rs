@@ -21,9 +21,22 @@ use nix::unistd::Pid;
 
 use crate::control::{self, CommandOutput, ControlError};
 
-/// dom0's address on its bridge `xenbr0`, which the domUs' network back ends join.
-/// The network exists only inside the emulated machine.
-pub const DOM0_ADDRESS: &str = "10.77.0.1/24";
+/// dom0's address on its bridge `xenbr0`, which the domUs' network back ends join:
+/// 10.77.0.1 on host 0, 10.77.0.11 on host 1, ... The network exists only inside the
+/// emulated machines (and the loopback link between them).
+pub fn dom0_address(host_index: usize) -> String {
+    format!("10.77.0.{}", 1 + 10 * host_index)
+}
+
+/// The TCP port on 127.0.0.1 at which a host's QEMU listens for the peer that links
+/// the emulated hosts' bridges (`-netdev socket`); `CRANE_TESTBED_PORT_BASE` moves it.
+pub fn interhost_port(host_index: usize) -> u16 {
+    let base = std::env::var("CRANE_TESTBED_PORT_BASE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(47_700u16);
+    base + host_index as u16
+}
 
 /// The QEMU binary (Debian's qemu-system-x86 package).
 pub const QEMU: &str = "/usr/bin/qemu-system-x86_64";
@@ -47,6 +60,8 @@ pub enum HostError {
         "an emulated host is already running in {0} (pid {1}); `cargo xtask testbed down` stops it"
     )]
     AlreadyRunning(String, i32),
+    #[error("QEMU did not start listening on 127.0.0.1:{0} for its peer host")]
+    NotListening(u16),
     #[error(transparent)]
     Control(#[from] ControlError),
 }
@@ -62,6 +77,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> HostError + '_ {
 #[derive(Debug, Clone)]
 pub struct HostConfig {
     pub state_dir: PathBuf,
+    /// This host's number (addresses, MACs and ports derive from it).
+    pub index: usize,
+    /// The host whose bridge this one's is linked to, if any (two-host testbeds).
+    pub peer: Option<usize>,
     pub memory_mib: u32,
     pub cpus: u32,
     pub dom0_memory_mib: u32,
@@ -72,6 +91,8 @@ impl HostConfig {
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
+            index: 0,
+            peer: None,
             memory_mib: 3072,
             cpus: 2,
             dom0_memory_mib: 1024,
@@ -113,12 +134,13 @@ pub mod files {
 pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
     let dir = &config.state_dir;
     let p = |name: &str| dir.join(name).display().to_string();
+    let i = config.index;
     let xen_cmdline = format!(
         "console=com1 com1=115200,8n1 dom0_mem={m}M,max:{m}M loglvl=all guest_loglvl=all \
          console_timestamps=boot",
         m = config.dom0_memory_mib
     );
-    vec![
+    let mut args: Vec<String> = vec![
         "-machine".into(),
         "q35,accel=tcg".into(),
         "-cpu".into(),
@@ -139,8 +161,14 @@ pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
         xen_cmdline,
         "-initrd".into(),
         format!(
-            "{} console=hvc0 loglevel=4 crane.hostname=dom0 crane.ip={DOM0_ADDRESS}@xenbr0,{}",
+            "{} console=hvc0 loglevel=4 crane.hostname=host{i}-dom0 crane.ip={}/24@xenbr0{},{}",
             images.kernel.display(),
+            dom0_address(i),
+            if config.peer.is_some() {
+                " crane.bridge-port=eth0"
+            } else {
+                ""
+            },
             images.dom0_initrd.display()
         ),
         "-chardev".into(),
@@ -162,7 +190,50 @@ pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
         "user,id=standin,restrict=on".into(),
         "-device".into(),
         "e1000,netdev=standin,addr=05.0".into(),
-    ]
+    ];
+    if let Some(peer) = config.peer {
+        // dom0 drives this virtio NIC as eth0 and puts it on its bridge (the stand-in
+        // e1000 has no driver in dom0).
+        args.extend([
+            "-netdev".into(),
+            // A TCP stream, lossless: over QEMU's UDP variant, frames dropped while
+            // one emulated host is busy made TCP inside back off, and a migration
+            // took minutes. The lower-numbered host listens.
+            if i < peer {
+                format!("socket,id=interhost,listen=127.0.0.1:{}", interhost_port(i))
+            } else {
+                format!(
+                    "socket,id=interhost,connect=127.0.0.1:{}",
+                    interhost_port(peer)
+                )
+            },
+            "-device".into(),
+            format!(
+                "virtio-net-pci,netdev=interhost,addr=06.0,mac=52:54:00:77:00:{:02x}",
+                i + 1
+            ),
+        ]);
+    }
+    args
+}
+
+/// Waits until a TCP socket listens on 127.0.0.1:`port`, looking at /proc/net/tcp
+/// (connecting to find out would take QEMU's one peer connection).
+fn wait_listening(port: u16, limit: Duration) -> Result<(), HostError> {
+    let wanted = format!("0100007F:{port:04X}");
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let listening = table.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.get(1) == Some(&wanted.as_str()) && fields.get(3) == Some(&"0A")
+        });
+        if listening {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err(HostError::NotListening(port))
 }
 
 fn read_pid(state_dir: &Path) -> Option<i32> {
@@ -177,12 +248,7 @@ fn read_pid(state_dir: &Path) -> Option<i32> {
 }
 
 impl EmulatedHost {
-    /// Boots the host and waits until dom0's command runner answers.
-    pub fn boot(
-        config: &HostConfig,
-        images: &Images,
-        lifetime: Lifetime,
-    ) -> Result<Self, HostError> {
+    fn spawn(config: &HostConfig, images: &Images, lifetime: Lifetime) -> Result<Self, HostError> {
         let dir = &config.state_dir;
         if let Some(pid) = read_pid(dir) {
             return Err(HostError::AlreadyRunning(dir.display().to_string(), pid));
@@ -216,17 +282,48 @@ impl EmulatedHost {
         }
         let child = command.spawn().map_err(HostError::Spawn)?;
         let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
-        let mut host = Self {
+        Ok(Self {
             state_dir: dir.clone(),
             pid,
             child: Some(child),
-            lifetime,
-        };
-        // On any failure below, dropping `host` kills QEMU even when detached.
-        host.lifetime = Lifetime::Owned;
-        host.wait_ready(config.boot_timeout)?;
-        host.lifetime = lifetime;
-        Ok(host)
+            // Until `boot_all` sees dom0 answer, a failure kills QEMU even when detached.
+            lifetime: Lifetime::Owned,
+        })
+    }
+
+    /// Starts QEMU for every host, then waits until each dom0's runner answers, so
+    /// the hosts boot side by side. Owned QEMUs are started from the calling thread:
+    /// their parent-death signal follows that thread.
+    pub fn boot_all(
+        configs: &[HostConfig],
+        images: &Images,
+        lifetime: Lifetime,
+    ) -> Result<Vec<Self>, HostError> {
+        let mut hosts = Vec::new();
+        for config in configs {
+            hosts.push(Self::spawn(config, images, lifetime)?);
+            if config.peer.is_some_and(|peer| config.index < peer) {
+                // The peer's QEMU connects at start-up and exits if nobody listens.
+                wait_listening(interhost_port(config.index), Duration::from_secs(30))?;
+            }
+        }
+        for (host, config) in hosts.iter_mut().zip(configs) {
+            host.wait_ready(config.boot_timeout)?;
+        }
+        for host in &mut hosts {
+            host.lifetime = lifetime;
+        }
+        Ok(hosts)
+    }
+
+    /// Boots one host and waits until dom0's command runner answers.
+    pub fn boot(
+        config: &HostConfig,
+        images: &Images,
+        lifetime: Lifetime,
+    ) -> Result<Self, HostError> {
+        let mut hosts = Self::boot_all(std::slice::from_ref(config), images, lifetime)?;
+        Ok(hosts.remove(0))
     }
 
     /// Finds the host that an earlier `boot` left running in `state_dir`.

@@ -67,37 +67,58 @@ pub fn build_images(paths: &Paths) -> anyhow::Result<Images> {
     })
 }
 
-/// Builds the images and boots a host with its state in `target/testbed/NAME`, owned
-/// by the caller (killed on drop, or when the calling process dies).
-pub fn boot_owned_host(name: &str) -> anyhow::Result<EmulatedHost> {
+/// Host configurations for `count` hosts with state under `dir_of(index)`; with two
+/// hosts, their bridges are linked.
+pub fn host_configs(count: usize, dir_of: impl Fn(usize) -> PathBuf) -> Vec<HostConfig> {
+    (0..count)
+        .map(|index| HostConfig {
+            index,
+            peer: (count == 2).then_some(1 - index),
+            ..HostConfig::new(dir_of(index))
+        })
+        .collect()
+}
+
+/// Builds the images and boots `count` (1 or 2) hosts with their state in
+/// `target/testbed/PREFIX0`, `PREFIX1`, owned by the caller (killed on drop, or when
+/// the calling process dies).
+pub fn boot_owned_hosts(prefix: &str, count: usize) -> anyhow::Result<Vec<EmulatedHost>> {
+    anyhow::ensure!((1..=2).contains(&count), "the testbed runs 1 or 2 hosts");
     let paths = Paths::in_workspace(&workspace_root());
     ensure_qemu(&paths)?;
     let images = build_images(&paths)?;
-    let config = HostConfig::new(test_state_dir(name));
-    Ok(EmulatedHost::boot(&config, &images, Lifetime::Owned)?)
+    let configs = host_configs(count, |i| test_state_dir(&format!("{prefix}{i}")));
+    Ok(EmulatedHost::boot_all(&configs, &images, Lifetime::Owned)?)
 }
 
-/// The state directory of a host that a test owns, apart from the `testbed up` one.
+/// The state directory of a host that a test owns, apart from the `testbed up` ones.
 pub fn test_state_dir(name: &str) -> PathBuf {
     workspace_root().join("target/testbed").join(name)
+}
+
+/// The `testbed up` hosts that are running now.
+fn running_hosts() -> Vec<EmulatedHost> {
+    (0..8)
+        .filter_map(|i| EmulatedHost::attach(&state_dir(i)).ok())
+        .collect()
 }
 
 const USAGE: &str = "\
 usage: cargo xtask testbed <command>
   lock                 re-resolve images/packages.lock from Debian's archive
   images               build the images into target/images/out
-  up                   build the images and boot an emulated Xen host in the background
-  run [--timeout S] [--domain D] -- CMD...
-                       run CMD in dom0 (or in domU D) and exit with its status
-  logs                 copy the domUs' console logs to target/testbed/host0/consoles
-  status               say whether the host is running
-  down                 stop the emulated host";
+  up [--hosts N]       build the images and boot N (1 or 2) emulated Xen hosts in the
+                       background; two hosts have their dom0 bridges linked
+  run [--host I] [--timeout S] [--domain D] -- CMD...
+                       run CMD in dom0 of host I (or in its domU D); exit with its status
+  logs                 copy the domUs' console logs to target/testbed/hostI/consoles
+  status               say which hosts are running
+  down                 stop the emulated hosts";
 
 /// Entry point for `cargo xtask testbed ARGS...`.
 pub fn cli(args: &[String]) -> anyhow::Result<()> {
     let root = workspace_root();
     let paths = Paths::in_workspace(&root);
-    let dir = state_dir(0);
     match args.first().map(String::as_str) {
         Some("lock") => {
             let lock = crane_images::relock(&paths)?;
@@ -120,65 +141,92 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             }
             eprintln!("images built in {:.1}s", started.elapsed().as_secs_f64());
         }
-        Some("up") => up(&paths, &dir)?,
+        Some("up") => {
+            let count = match &args[1..] {
+                [] => 1,
+                [flag, n] if flag == "--hosts" => n.parse().context("--hosts takes a number")?,
+                _ => anyhow::bail!("{USAGE}"),
+            };
+            up(&paths, count)?;
+        }
         Some("run") => {
-            let code = run(&dir, &args[1..])?;
+            let code = run(&args[1..])?;
             std::process::exit(code);
         }
         Some("logs") => {
-            for path in EmulatedHost::attach(&dir)?.collect_logs()? {
-                println!("{}", path.display());
+            for host in running_hosts() {
+                for path in host.collect_logs()? {
+                    println!("{}", path.display());
+                }
             }
         }
-        Some("status") => match EmulatedHost::attach(&dir) {
-            Ok(host) => println!("running: pid {} in {}", host.pid(), dir.display()),
-            Err(_) => println!("not running"),
-        },
-        Some("down") => match EmulatedHost::attach(&dir) {
-            Ok(host) => {
-                let _ = host.collect_logs();
-                host.shutdown(Duration::from_secs(5))?;
-                println!("stopped");
+        Some("status") => {
+            let hosts = running_hosts();
+            if hosts.is_empty() {
+                println!("not running");
             }
-            Err(_) => println!("not running"),
-        },
+            for host in hosts {
+                println!(
+                    "running: pid {} in {}",
+                    host.pid(),
+                    host.state_dir().display()
+                );
+            }
+        }
+        Some("down") => {
+            let hosts = running_hosts();
+            if hosts.is_empty() {
+                println!("not running");
+            }
+            for host in hosts {
+                let _ = host.collect_logs();
+                let dir = host.state_dir().to_path_buf();
+                host.shutdown(Duration::from_secs(5))?;
+                println!("stopped {}", dir.display());
+            }
+        }
         _ => anyhow::bail!("{USAGE}"),
     }
     Ok(())
 }
 
-fn up(paths: &Paths, dir: &Path) -> anyhow::Result<()> {
+fn up(paths: &Paths, count: usize) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=2).contains(&count), "the testbed runs 1 or 2 hosts");
     ensure_qemu(paths)?;
     let started = Instant::now();
     let images = build_images(paths)?;
     eprintln!(
-        "testbed: images ready in {:.1}s; booting Xen under QEMU",
+        "testbed: images ready in {:.1}s; booting {count} Xen host(s) under QEMU",
         started.elapsed().as_secs_f64()
     );
-    // An interrupted `up` must not leave QEMU behind: until the host answers, a
-    // signal kills whatever QEMU this state directory names.
-    let interrupted_dir = dir.to_path_buf();
+    // An interrupted `up` must not leave QEMU behind: until the hosts answer, a
+    // signal kills whatever QEMU the state directories name.
     ctrlc::set_handler(move || {
-        if let Ok(host) = EmulatedHost::attach(&interrupted_dir) {
+        for host in running_hosts() {
             let _ = host.shutdown(Duration::ZERO);
         }
         std::process::exit(130);
     })
     .context("installing the signal handler")?;
     let boot_started = Instant::now();
-    let host = EmulatedHost::boot(&HostConfig::new(dir), &images, Lifetime::Detached)?;
-    eprintln!(
-        "testbed: dom0 answering after {:.1}s (pid {}, state in {})",
-        boot_started.elapsed().as_secs_f64(),
-        host.pid(),
-        dir.display()
-    );
+    let hosts =
+        EmulatedHost::boot_all(&host_configs(count, state_dir), &images, Lifetime::Detached)?;
+    for (index, host) in hosts.iter().enumerate() {
+        eprintln!(
+            "testbed: host{index} dom0 ({}) answering after {:.1}s (pid {}, state in {})",
+            host::dom0_address(index),
+            boot_started.elapsed().as_secs_f64(),
+            host.pid(),
+            host.state_dir().display()
+        );
+    }
     Ok(())
 }
 
-fn run(dir: &Path, args: &[String]) -> anyhow::Result<i32> {
+fn run(args: &[String]) -> anyhow::Result<i32> {
     let mut timeout = Duration::from_secs(600);
     let mut domain = None;
+    let mut index = 0;
     let mut rest = args;
     loop {
         match rest {
@@ -188,6 +236,10 @@ fn run(dir: &Path, args: &[String]) -> anyhow::Result<i32> {
             }
             [flag, value, tail @ ..] if flag == "--domain" => {
                 domain = Some(value.clone());
+                rest = tail;
+            }
+            [flag, value, tail @ ..] if flag == "--host" => {
+                index = value.parse().context("--host takes a host number")?;
                 rest = tail;
             }
             [dashdash, tail @ ..] if dashdash == "--" => {
@@ -200,7 +252,7 @@ fn run(dir: &Path, args: &[String]) -> anyhow::Result<i32> {
     anyhow::ensure!(!rest.is_empty(), "{USAGE}");
     // Like ssh: the words are joined into one shell command line.
     let script = rest.join(" ");
-    let host = EmulatedHost::attach(dir)?;
+    let host = EmulatedHost::attach(&state_dir(index))?;
     let output = match &domain {
         Some(domain) => host.run_in_domain(domain, &script, timeout)?,
         None => host.run(&script, timeout)?,

@@ -1,11 +1,12 @@
-//! End-to-end tier on one emulated Xen host: a PV proxy domU and an HVM guest networked
-//! over dom0's bridge, PCI passthrough of the stand-in device to the guest around a live
-//! migration, and stop-and-copy (save/restore) of the PV proxy.
+//! End-to-end tier on two emulated Xen hosts with linked bridges: a PV proxy domU and an
+//! HVM guest networked over the bridges, PCI passthrough of the stand-in device to the
+//! guest around a live migration on the same host and then to the other host, and
+//! stop-and-copy (save/restore) of the PV proxy.
 //!
 //! Ignored unless built with `CRANE_E2E=1` (see build.rs):
 //! `CRANE_E2E=1 cargo test -p crane-test-vms --test xen_host -- --nocapture`.
 //! Everything runs in one boot to stay within CI's budget; each phase's wall time is
-//! printed and written to target/testbed/e2e-host0/timings.txt.
+//! printed and written to target/testbed/e2e-host0/timings.txt (host 1: e2e-host1).
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ const STANDIN_BDF: &str = "0000:00:05.0";
 const STANDIN_ID: &str = "8086:100e";
 
 struct Tier {
-    host: EmulatedHost,
+    hosts: Vec<EmulatedHost>,
     started: Instant,
     phase_started: Instant,
     timings: Vec<(String, Duration)>,
@@ -35,15 +36,19 @@ impl Tier {
         self.phase_started = now;
     }
 
-    /// Runs a script in dom0 and returns its stdout; fails the test on a non-zero status.
+    /// Runs a script in dom0 of host 0 and returns its stdout; fails the test on a
+    /// non-zero status.
     fn dom0(&self, script: &str) -> String {
-        let out = self
-            .host
+        self.dom0_of(0, script)
+    }
+
+    fn dom0_of(&self, host: usize, script: &str) -> String {
+        let out = self.hosts[host]
             .run(script, Duration::from_secs(240))
             .expect("dom0 command channel");
         assert!(
             out.success(),
-            "dom0 script failed with {}:\n{script}\nstdout:\n{}\nstderr:\n{}",
+            "dom0 of host {host}: script failed with {}:\n{script}\nstdout:\n{}\nstderr:\n{}",
             out.status,
             out.stdout_text(),
             out.stderr_text()
@@ -51,10 +56,14 @@ impl Tier {
         out.stdout_text()
     }
 
-    /// Runs a script in a domU through its console runner; fails on a non-zero status.
+    /// Runs a script in a domU of host 0 through its console runner; fails on a
+    /// non-zero status.
     fn domu(&self, domain: &str, script: &str) -> String {
-        let out = self
-            .host
+        self.domu_of(0, domain, script)
+    }
+
+    fn domu_of(&self, host: usize, domain: &str, script: &str) -> String {
+        let out = self.hosts[host]
             .run_in_domain(domain, script, Duration::from_secs(60))
             .expect("dom0 command channel");
         assert!(
@@ -76,12 +85,21 @@ impl Tier {
         limit: Duration,
         check: impl Fn(&str) -> bool,
     ) -> String {
+        self.wait_domu_of(0, domain, script, limit, check)
+    }
+
+    fn wait_domu_of(
+        &self,
+        host: usize,
+        domain: &str,
+        script: &str,
+        limit: Duration,
+        check: impl Fn(&str) -> bool,
+    ) -> String {
         let start = Instant::now();
         let mut last = String::new();
         while start.elapsed() < limit {
-            if let Ok(out) = self
-                .host
-                .run_in_domain(domain, script, Duration::from_secs(20))
+            if let Ok(out) = self.hosts[host].run_in_domain(domain, script, Duration::from_secs(20))
             {
                 last = format!(
                     "status {}: {}{}",
@@ -102,9 +120,11 @@ impl Tier {
 impl Drop for Tier {
     fn drop(&mut self) {
         // Keep the domUs' consoles for the post-mortem when a check failed.
-        if let Ok(paths) = self.host.collect_logs() {
-            for path in paths {
-                eprintln!("console log: {}", path.display());
+        for host in &self.hosts {
+            if let Ok(paths) = host.collect_logs() {
+                for path in paths {
+                    eprintln!("console log: {}", path.display());
+                }
             }
         }
         let report: String = self
@@ -112,7 +132,7 @@ impl Drop for Tier {
             .iter()
             .map(|(name, d)| format!("{:>7.1}s  {name}\n", d.as_secs_f64()))
             .collect();
-        let _ = std::fs::write(self.host.state_dir().join("timings.txt"), report);
+        let _ = std::fs::write(self.hosts[0].state_dir().join("timings.txt"), report);
     }
 }
 
@@ -191,8 +211,19 @@ fn wait_booted(tier: &Tier, name: &str) {
 
 /// Pings `target` from `domain` and returns the number of replies (of 3).
 fn ping(tier: &Tier, domain: &str, target: &str) -> u32 {
-    let out = tier
-        .host
+    ping_on(tier, 0, domain, target)
+}
+
+/// Pings `target` from dom0 of `host`.
+fn ping_dom0(tier: &Tier, host: usize, target: &str) -> u32 {
+    let out = tier.hosts[host]
+        .run(&format!("ping -c 3 -W 5 {target}"), Duration::from_secs(40))
+        .expect("command channel");
+    parse_ping_received(&out.stdout_text()).unwrap_or(0)
+}
+
+fn ping_on(tier: &Tier, host: usize, domain: &str, target: &str) -> u32 {
+    let out = tier.hosts[host]
         .run_in_domain(
             domain,
             &format!("ping -c 3 -W 5 {target}"),
@@ -216,6 +247,8 @@ fn parse_ping_received(text: &str) -> Option<u32> {
 }
 
 const PROXY_IP: &str = "10.77.0.2";
+const HOST1_DOM0_IP: &str = "10.77.0.11";
+const MIGRATION_PORT: u16 = 8002;
 const GUEST_IP: &str = "10.77.0.3";
 const DOM0_IP: &str = "10.77.0.1";
 
@@ -224,16 +257,22 @@ const DOM0_IP: &str = "10.77.0.1";
     not(crane_e2e),
     ignore = "boots Xen under QEMU; build with CRANE_E2E=1 to run"
 )]
-fn hvm_passthrough_around_live_migration_and_pv_save_restore() {
+fn passthrough_around_live_migrations_and_pv_save_restore() {
     let started = Instant::now();
-    let host = crane_test_vms::boot_owned_host("e2e-host0").expect("boot the emulated Xen host");
+    let hosts =
+        crane_test_vms::boot_owned_hosts("e2e-host", 2).expect("boot two emulated Xen hosts");
     let mut tier = Tier {
-        host,
+        hosts,
         started,
         phase_started: started,
         timings: Vec::new(),
     };
-    tier.phase("build images and boot Xen + dom0");
+    tier.phase("build images and boot two Xen hosts");
+    assert_eq!(
+        ping_dom0(&tier, 1, DOM0_IP),
+        3,
+        "the hosts' bridges are linked"
+    );
 
     let info = tier.dom0("xl info");
     let caps = info
@@ -355,7 +394,6 @@ fn hvm_passthrough_around_live_migration_and_pv_save_restore() {
     tier.domu("hvmguest", "insmod $(grep /e1000.ko /etc/crane/modules)");
     tier.wait_domu("hvmguest", &standin_bound, Duration::from_secs(60), bound);
     tier.phase("re-attach after migration, driver reloaded");
-    tier.dom0(&format!("xl pci-detach hvmguest {STANDIN_BDF}"));
 
     // --- PV proxy: stop-and-copy with xl save / xl restore keeps its memory.
     tier.domu("proxy", "echo crane-$$-marker > /run/marker");
@@ -371,7 +409,76 @@ fn hvm_passthrough_around_live_migration_and_pv_save_restore() {
         "guest reaches the restored proxy"
     );
     tier.phase("xl save + xl restore of the PV proxy");
-    tier.dom0("xl destroy hvmguest && xl destroy proxy");
+
+    // --- Cross-host live migration with xl's own transport: `-s ''` makes xl run the
+    // "host" argument as the transport command, here a TCP connection to a listener
+    // on host 1 that runs `xl migrate-receive`. No ssh.
+    tier.domu("hvmguest", "rmmod e1000");
+    tier.dom0(&format!("xl pci-detach hvmguest {STANDIN_BDF}"));
+    tier.wait_domu("hvmguest", "lspci -n", Duration::from_secs(60), |out| {
+        !sees_standin(out)
+    });
+    let uptime_before: f64 = tier
+        .domu("hvmguest", "cut -d' ' -f1 /proc/uptime")
+        .trim()
+        .parse()
+        .unwrap();
+    tier.dom0_of(
+        1,
+        &format!(
+            "setsid nc -l -p {MIGRATION_PORT} -e xl migrate-receive \
+             > /var/log/xen/migrate-receive.log 2>&1 < /dev/null &"
+        ),
+    );
+    tier.dom0(&format!(
+        "xl migrate -s '' hvmguest 'nc {HOST1_DOM0_IP} {MIGRATION_PORT}'"
+    ));
+    assert!(
+        domain(&parse_xl_list(&tier.dom0("xl list")), "hvmguest").is_none(),
+        "gone from host 0"
+    );
+    assert!(
+        domain(&parse_xl_list(&tier.dom0_of(1, "xl list")), "hvmguest").is_some(),
+        "running on host 1"
+    );
+    let uptime_after: f64 = tier
+        .domu_of(1, "hvmguest", "cut -d' ' -f1 /proc/uptime")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        uptime_after > uptime_before,
+        "the guest kept running: {uptime_before} -> {uptime_after}"
+    );
+    assert_eq!(
+        ping_on(&tier, 1, "hvmguest", PROXY_IP),
+        3,
+        "guest on host 1 reaches the proxy on host 0"
+    );
+    tier.phase("live-migrate HVM guest to host 1 over TCP");
+
+    tier.dom0_of(
+        1,
+        &format!("xl pci-assignable-add {STANDIN_BDF} && xl pci-attach hvmguest {STANDIN_BDF}"),
+    );
+    tier.wait_domu_of(
+        1,
+        "hvmguest",
+        "lspci -n",
+        Duration::from_secs(60),
+        sees_standin,
+    );
+    tier.domu_of(1, "hvmguest", "insmod $(grep /e1000.ko /etc/crane/modules)");
+    tier.wait_domu_of(
+        1,
+        "hvmguest",
+        &standin_bound,
+        Duration::from_secs(60),
+        bound,
+    );
+    tier.phase("attach host 1's stand-in, driver bound");
+    tier.dom0_of(1, "xl destroy hvmguest");
+    tier.dom0("xl destroy proxy");
 
     let total = started.elapsed();
     eprintln!("whole tier: {:.1}s", total.as_secs_f64());
