@@ -34,7 +34,8 @@ const BASE_PACKAGES: &[&str] = &["busybox-static", "pciutils", "pci.ids"];
 /// Files every initramfs gets from those packages.
 const BASE_FILES: &[&str] = &["/usr/bin/lspci", "/usr/share/misc/pci.ids"];
 /// Packages dom0 needs for xl, xenstored, xenconsoled and HVM device models
-/// (hvmloader, SeaBIOS, QEMU's Xen build and its ROMs). `libgcc-s1` is loaded with
+/// (hvmloader, SeaBIOS, QEMU's Xen build and its ROMs), and socat as a transport for
+/// `xl migrate` between hosts. `libgcc-s1` is loaded with
 /// dlopen by glibc's pthread_cancel, which xl uses, so no ELF header names it.
 const DOM0_PACKAGES: &[&str] = &[
     "xen-utils-4.17",
@@ -44,6 +45,7 @@ const DOM0_PACKAGES: &[&str] = &[
     "qemu-system-data",
     "seabios",
     "libgcc-s1",
+    "socat",
 ];
 
 const DOM0_MODULES: &[&str] = &[
@@ -80,6 +82,9 @@ const DOM0_FILES: &[&str] = &[
     "/usr/bin/xenstore-exists",
     "/usr/bin/xenstore-watch",
     "/usr/bin/xenstore-chmod",
+    // A migration transport between hosts: busybox's nc copies 1 KiB at a time
+    // (3 MB/s here, against 30 MB/s for the link itself).
+    "/usr/bin/socat",
     "/usr/libexec/xen-qemu-system-i386",
     "/usr/share/seabios/bios-256k.bin",
     "/usr/share/qemu/linuxboot_dma.bin",

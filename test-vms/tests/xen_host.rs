@@ -411,8 +411,8 @@ fn passthrough_around_live_migrations_and_pv_save_restore() {
     tier.phase("xl save + xl restore of the PV proxy");
 
     // --- Cross-host live migration with xl's own transport: `-s ''` makes xl run the
-    // "host" argument as the transport command, here a TCP connection to a listener
-    // on host 1 that runs `xl migrate-receive`. No ssh.
+    // "host" argument as the transport command, here socat's TCP connection to a
+    // listener on host 1 that hands the socket to `xl migrate-receive`. No ssh.
     tier.domu("hvmguest", "rmmod e1000");
     tier.dom0(&format!("xl pci-detach hvmguest {STANDIN_BDF}"));
     tier.wait_domu("hvmguest", "lspci -n", Duration::from_secs(60), |out| {
@@ -431,7 +431,7 @@ fn passthrough_around_live_migrations_and_pv_save_restore() {
         ),
     );
     tier.dom0(&format!(
-        "xl migrate -s '' hvmguest 'nc {HOST1_DOM0_IP} {MIGRATION_PORT}'"
+        "xl migrate -s '' hvmguest 'socat -b 262144 - TCP:{HOST1_DOM0_IP}:{MIGRATION_PORT}'"
     ));
     assert!(
         domain(&parse_xl_list(&tier.dom0("xl list")), "hvmguest").is_none(),
