@@ -394,12 +394,25 @@ impl EmulatedHost {
         script: &str,
         timeout: Duration,
     ) -> Result<CommandOutput, HostError> {
-        let quoted = shell_quote(script);
+        self.poll_domain(domain, script, timeout, timeout)
+    }
+
+    /// Like [`Self::run_in_domain`], but gives up after `start_within` if the domU's
+    /// runner has not started answering (status 124): for polling a booting domU.
+    pub fn poll_domain(
+        &self,
+        domain: &str,
+        script: &str,
+        timeout: Duration,
+        start_within: Duration,
+    ) -> Result<CommandOutput, HostError> {
         self.run(
             &format!(
-                "crane-guest-run {} {} {quoted}",
+                "crane-guest-run {} {} {} {}",
                 shell_quote(domain),
-                timeout.as_secs().max(1)
+                timeout.as_secs().max(1),
+                shell_quote(script),
+                start_within.as_secs().max(1)
             ),
             timeout + Duration::from_secs(20),
         )
