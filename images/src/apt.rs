@@ -52,10 +52,17 @@ fn run(command: &mut Command) -> Result<String, AptError> {
 /// Runs `apt-get update` unless this cache directory already saw one: builds must work
 /// on a fresh machine whose package lists are empty, but one update per cache is enough.
 pub fn ensure_updated(cache_dir: &Path) -> Result<(), AptError> {
-    let stamp = cache_dir.join("apt-updated.stamp");
-    if stamp.exists() {
+    if cache_dir.join(STAMP).exists() {
         return Ok(());
     }
+    update(cache_dir)
+}
+
+const STAMP: &str = "apt-updated.stamp";
+
+/// Runs `apt-get update` and records that it ran for this cache directory.
+pub fn update(cache_dir: &Path) -> Result<(), AptError> {
+    let stamp = cache_dir.join(STAMP);
     eprintln!("images: apt-get update");
     run(Command::new("apt-get").args(["update", "-q"]))?;
     std::fs::create_dir_all(cache_dir)

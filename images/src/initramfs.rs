@@ -383,3 +383,127 @@ fn module_dependencies(data: &[u8], path: &Path) -> Result<Vec<String>, Initramf
     }
     Ok(Vec::new())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Names and symlink targets of a gzip'ed newc archive, in order.
+    fn list_archive(path: &Path) -> Vec<(String, Option<String>)> {
+        let mut data = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())
+            .read_to_end(&mut data)
+            .unwrap();
+        let mut out = Vec::new();
+        let mut pos = 0;
+        let field = |d: &[u8], i: usize| {
+            usize::from_str_radix(std::str::from_utf8(&d[i..i + 8]).unwrap(), 16).unwrap()
+        };
+        let align = |n: usize| (n + 3) & !3;
+        loop {
+            assert_eq!(&data[pos..pos + 6], b"070701");
+            let mode = field(&data, pos + 14);
+            let size = field(&data, pos + 54);
+            let namesize = field(&data, pos + 94);
+            let name = std::str::from_utf8(&data[pos + 110..pos + 110 + namesize - 1])
+                .unwrap()
+                .to_owned();
+            let body = align(pos + 110 + namesize);
+            if name == "TRAILER!!!" {
+                return out;
+            }
+            let target = (mode & 0o170000 == 0o120000)
+                .then(|| String::from_utf8(data[body..body + size].to_vec()).unwrap());
+            out.push((name, target));
+            pos = align(body + size);
+        }
+    }
+
+    /// A sysroot laid out like Debian's libc6 package plus one program, made from the
+    /// build machine's own /usr/bin/true and its libraries.
+    fn fake_sysroot(dir: &Path) -> Sysroot {
+        let libc6 = dir.join("libc6");
+        let coreutils = dir.join("coreutils");
+        let multiarch = libc6.join("lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&multiarch).unwrap();
+        std::fs::create_dir_all(libc6.join("lib64")).unwrap();
+        std::fs::create_dir_all(coreutils.join("usr/bin")).unwrap();
+        for lib in ["libc.so.6", "ld-linux-x86-64.so.2"] {
+            std::fs::copy(
+                Path::new("/lib/x86_64-linux-gnu").join(lib),
+                multiarch.join(lib),
+            )
+            .unwrap();
+        }
+        std::os::unix::fs::symlink(
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            libc6.join("lib64/ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        std::fs::copy("/usr/bin/true", coreutils.join("usr/bin/true")).unwrap();
+        let mut sysroot = Sysroot::default();
+        sysroot.add_package("coreutils", &coreutils).unwrap();
+        sysroot.add_package("libc6", &libc6).unwrap();
+        sysroot
+    }
+
+    #[test]
+    fn programs_bring_their_interpreter_and_libraries() {
+        let dir = tempfile::tempdir().unwrap();
+        let sysroot = fake_sysroot(dir.path());
+        let mut image = Initramfs::new(&sysroot);
+        image.from_sysroot("/usr/bin/true").unwrap();
+        image.bytes("/etc/motd", "hi\n", 0o644);
+        let used: Vec<&str> = image.packages_used().iter().map(String::as_str).collect();
+        assert_eq!(used, ["coreutils", "libc6"]);
+        let out = dir.path().join("image.cpio.gz");
+        image.write_gz(&out).unwrap();
+        let listing = list_archive(&out);
+        let names: Vec<&str> = listing.iter().map(|(n, _)| n.as_str()).collect();
+        for wanted in [
+            "etc",
+            "etc/motd",
+            "lib",
+            "lib/x86_64-linux-gnu",
+            "lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            "lib64/ld-linux-x86-64.so.2",
+            "usr/bin/true",
+        ] {
+            assert!(names.contains(&wanted), "{wanted} missing from {names:?}");
+        }
+        let link = listing
+            .iter()
+            .find(|(n, _)| n == "lib64/ld-linux-x86-64.so.2")
+            .unwrap();
+        assert_eq!(
+            link.1.as_deref(),
+            Some("/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+        );
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "parents come before children");
+
+        // Same inputs, same bytes.
+        let again = dir.path().join("again.cpio.gz");
+        image.write_gz(&again).unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    }
+
+    #[test]
+    fn a_library_outside_the_sysroot_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let sysroot = fake_sysroot(dir.path());
+        let mut image = Initramfs::new(&sysroot);
+        // /usr/bin/ls needs more than libc (libselinux at least): not in the fake sysroot.
+        let err = image
+            .host_file(Path::new("/usr/bin/ls"), "/bin/ls", 0o755)
+            .err()
+            .expect("ls needs libraries the sysroot lacks");
+        assert!(
+            matches!(err, InitramfsError::MissingLibrary { .. }),
+            "{err}"
+        );
+    }
+}

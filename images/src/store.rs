@@ -91,7 +91,11 @@ impl Store {
         let deb = dir.join(package.deb_file_name());
         if !deb.exists() {
             apt::ensure_updated(&self.cache_dir)?;
-            apt::download(package, &dir)?;
+            if apt::download(package, &dir).is_err() {
+                // The package lists may predate the lock: refresh them once and retry.
+                apt::update(&self.cache_dir)?;
+                apt::download(package, &dir)?;
+            }
         }
         let actual = sha256_file(&deb)?;
         if actual != package.sha256 {

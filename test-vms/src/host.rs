@@ -28,14 +28,14 @@ pub fn dom0_address(host_index: usize) -> String {
     format!("10.77.0.{}", 1 + 10 * host_index)
 }
 
-/// The TCP port on 127.0.0.1 at which a host's QEMU listens for the peer that links
-/// the emulated hosts' bridges (`-netdev socket`); `CRANE_TESTBED_PORT_BASE` moves it.
-pub fn interhost_port(host_index: usize) -> u16 {
-    let base = std::env::var("CRANE_TESTBED_PORT_BASE")
+/// The first TCP port on 127.0.0.1 at which a host's QEMU listens for the peer that
+/// links the emulated hosts' bridges (`-netdev socket`): `CRANE_TESTBED_PORT_BASE`, or
+/// 47700. Hosts owned by tests use ports 50 higher, so they can run beside `testbed up`.
+pub fn default_port_base() -> u16 {
+    std::env::var("CRANE_TESTBED_PORT_BASE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(47_700u16);
-    base + host_index as u16
+        .unwrap_or(47_700)
 }
 
 /// The QEMU binary (Debian's qemu-system-x86 package).
@@ -81,6 +81,8 @@ pub struct HostConfig {
     pub index: usize,
     /// The host whose bridge this one's is linked to, if any (two-host testbeds).
     pub peer: Option<usize>,
+    /// Host N listens for its higher-numbered peer on 127.0.0.1:`port_base + N`.
+    pub port_base: u16,
     pub memory_mib: u32,
     pub cpus: u32,
     pub dom0_memory_mib: u32,
@@ -88,11 +90,17 @@ pub struct HostConfig {
 }
 
 impl HostConfig {
+    /// The port at which host `index` listens for its peer.
+    pub fn interhost_port(&self, index: usize) -> u16 {
+        self.port_base + index as u16
+    }
+
     pub fn new(state_dir: impl Into<PathBuf>) -> Self {
         Self {
             state_dir: state_dir.into(),
             index: 0,
             peer: None,
+            port_base: default_port_base(),
             memory_mib: 3072,
             cpus: 2,
             dom0_memory_mib: 1024,
@@ -200,11 +208,14 @@ pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
             // one emulated host is busy made TCP inside back off, and a migration
             // took minutes. The lower-numbered host listens.
             if i < peer {
-                format!("socket,id=interhost,listen=127.0.0.1:{}", interhost_port(i))
+                format!(
+                    "socket,id=interhost,listen=127.0.0.1:{}",
+                    config.interhost_port(i)
+                )
             } else {
                 format!(
                     "socket,id=interhost,connect=127.0.0.1:{}",
-                    interhost_port(peer)
+                    config.interhost_port(peer)
                 )
             },
             "-device".into(),
@@ -304,7 +315,7 @@ impl EmulatedHost {
             hosts.push(Self::spawn(config, images, lifetime)?);
             if config.peer.is_some_and(|peer| config.index < peer) {
                 // The peer's QEMU connects at start-up and exits if nobody listens.
-                wait_listening(interhost_port(config.index), Duration::from_secs(30))?;
+                wait_listening(config.interhost_port(config.index), Duration::from_secs(30))?;
             }
         }
         for (host, config) in hosts.iter_mut().zip(configs) {

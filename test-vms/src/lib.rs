@@ -87,7 +87,10 @@ pub fn boot_owned_hosts(prefix: &str, count: usize) -> anyhow::Result<Vec<Emulat
     let paths = Paths::in_workspace(&workspace_root());
     ensure_qemu(&paths)?;
     let images = build_images(&paths)?;
-    let configs = host_configs(count, |i| test_state_dir(&format!("{prefix}{i}")));
+    let mut configs = host_configs(count, |i| test_state_dir(&format!("{prefix}{i}")));
+    for config in &mut configs {
+        config.port_base += 50;
+    }
     Ok(EmulatedHost::boot_all(&configs, &images, Lifetime::Owned)?)
 }
 
@@ -113,7 +116,8 @@ usage: cargo xtask testbed <command>
                        run CMD in dom0 of host I (or in its domU D); exit with its status
   logs                 copy the domUs' console logs to target/testbed/hostI/consoles
   status               say which hosts are running
-  down                 stop the emulated hosts";
+  down                 stop the emulated hosts
+  e2e                  run the end-to-end tier (two hosts; about 4 minutes)";
 
 /// Entry point for `cargo xtask testbed ARGS...`.
 pub fn cli(args: &[String]) -> anyhow::Result<()> {
@@ -184,6 +188,25 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
                 host.shutdown(Duration::from_secs(5))?;
                 println!("stopped {}", dir.display());
             }
+        }
+        Some("e2e") => {
+            let status = std::process::Command::new(
+                std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+            )
+            .args([
+                "test",
+                "-p",
+                "crane-test-vms",
+                "--test",
+                "xen_host",
+                "--",
+                "--nocapture",
+            ])
+            .env("CRANE_E2E", "1")
+            .current_dir(&root)
+            .status()
+            .context("running cargo test")?;
+            std::process::exit(status.code().unwrap_or(1));
         }
         _ => anyhow::bail!("{USAGE}"),
     }
