@@ -319,7 +319,8 @@ impl<'s> Initramfs<'s> {
             }
             all.insert(path.clone(), content);
         }
-        let tmp = out.with_extension("tmp");
+        // Unique per process: two builds (a test and `testbed up`) may share `out`.
+        let tmp = out.with_extension(format!("tmp{}", std::process::id()));
         let file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
         let gz = GzEncoder::new(std::io::BufWriter::new(file), Compression::new(6));
         let mut writer = cpio::Writer::new(gz);
