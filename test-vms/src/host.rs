@@ -137,8 +137,13 @@ pub mod files {
     pub const CONSOLES: &str = "consoles";
 }
 
-/// The QEMU command line for one host. The stand-in passthrough device is an e1000 at
-/// slot 5: QEMU's Xen passthrough code takes anything at 00:02.0 for an Intel IGD.
+/// The stand-in for the guest's GPU: an e1000 at slot 5 (QEMU's Xen passthrough code
+/// takes anything at 00:02.0 for an Intel IGD).
+pub const GUEST_STANDIN_BDF: &str = "0000:00:05.0";
+/// The stand-in for the proxy domain's own GPU: a second e1000, at slot 7.
+pub const PROXY_STANDIN_BDF: &str = "0000:00:07.0";
+
+/// The QEMU command line for one host, with the two stand-in passthrough devices.
 pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
     let dir = &config.state_dir;
     let p = |name: &str| dir.join(name).display().to_string();
@@ -198,6 +203,10 @@ pub fn qemu_args(config: &HostConfig, images: &Images) -> Vec<String> {
         "user,id=standin,restrict=on".into(),
         "-device".into(),
         "e1000,netdev=standin,addr=05.0".into(),
+        "-netdev".into(),
+        "user,id=proxystandin,restrict=on".into(),
+        "-device".into(),
+        "e1000,netdev=proxystandin,addr=07.0".into(),
     ];
     if let Some(peer) = config.peer {
         // dom0 drives this virtio NIC as eth0 and puts it on its bridge (the stand-in
@@ -268,6 +277,8 @@ impl EmulatedHost {
         for name in [files::PID, files::CONTROL, files::MONITOR, files::CONSOLE] {
             let _ = std::fs::remove_file(dir.join(name));
         }
+        // Console logs of an earlier boot would pass for this one's.
+        let _ = std::fs::remove_dir_all(dir.join(files::CONSOLES));
         let log_path = dir.join(files::QEMU_LOG);
         let log = std::fs::File::create(&log_path).map_err(io_err(&log_path))?;
         let mut command = Command::new(QEMU);
@@ -530,7 +541,13 @@ mod tests {
         };
         let args = qemu_args(&HostConfig::new("/state"), &images);
         let devices: Vec<&String> = args.iter().filter(|a| a.starts_with("e1000")).collect();
-        assert_eq!(devices, vec!["e1000,netdev=standin,addr=05.0"]);
+        assert_eq!(
+            devices,
+            vec![
+                "e1000,netdev=standin,addr=05.0",
+                "e1000,netdev=proxystandin,addr=07.0"
+            ]
+        );
         assert!(args.contains(&"qemu64,+svm,+npt".to_owned()));
         assert!(args.contains(&"intel-iommu,intremap=on".to_owned()));
         let modules = &args[args.iter().position(|a| a == "-initrd").unwrap() + 1];

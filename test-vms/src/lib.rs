@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use crane_images::{ImageSpec, Images, Paths};
 
 pub use control::CommandOutput;
-pub use host::{EmulatedHost, HostConfig, Lifetime};
+pub use host::{EmulatedHost, GUEST_STANDIN_BDF, HostConfig, Lifetime, PROXY_STANDIN_BDF};
 
 const RUNNER: &str = include_str!("../files/crane-runner");
 const GUEST_RUN: &str = include_str!("../files/crane-guest-run");

@@ -1,7 +1,8 @@
 //! End-to-end tier on two emulated Xen hosts with linked bridges: a PV proxy domU and an
 //! HVM guest networked over the bridges, PCI passthrough of the stand-in device to the
-//! guest around a live migration on the same host and then to the other host, and
-//! stop-and-copy (save/restore) of the PV proxy.
+//! guest around a live migration on the same host and then to the other host,
+//! stop-and-copy (save/restore) of the PV proxy, and PCI passthrough of the proxy's own
+//! stand-in device to the PV proxy.
 //!
 //! Ignored unless built with `CRANE_E2E=1` (see build.rs):
 //! `CRANE_E2E=1 cargo test -p crane-test-vms --test xen_host -- --nocapture`.
@@ -10,10 +11,12 @@
 
 use std::time::{Duration, Instant};
 
-use crane_test_vms::{EmulatedHost, GUEST_INITRD, GUEST_KERNEL};
+use crane_test_vms::{
+    EmulatedHost, GUEST_INITRD, GUEST_KERNEL, GUEST_STANDIN_BDF, PROXY_STANDIN_BDF,
+};
 
-/// The stand-in passthrough device: QEMU's e1000 at host slot 5.
-const STANDIN_BDF: &str = "0000:00:05.0";
+/// The guest's stand-in passthrough device: QEMU's e1000 at host slot 5.
+const STANDIN_BDF: &str = GUEST_STANDIN_BDF;
 const STANDIN_ID: &str = "8086:100e";
 
 struct Tier {
@@ -486,6 +489,37 @@ fn passthrough_around_live_migrations_and_pv_save_restore() {
         bound,
     );
     tier.phase("attach host 1's stand-in, driver bound");
+
+    // --- The proxy's own stand-in, passed through to a PV domain: pcifront shows it
+    // at 0000:00:00.0 and the proxy's e1000 driver binds it. Last, because a PV
+    // domain that had a device attached and detached crashes when restored (Linux
+    // 6.1: xen_irq_resume meets a freed IRQ); the proxy is never saved in crane.
+    tier.dom0(&format!(
+        "xl pci-assignable-add {PROXY_STANDIN_BDF} && xl pci-attach proxy {PROXY_STANDIN_BDF}"
+    ));
+    assert!(tier.dom0("xl pci-list proxy").contains(PROXY_STANDIN_BDF));
+    let proxy_lspci = tier.wait_domu("proxy", "lspci -n", Duration::from_secs(60), sees_standin);
+    let (proxy_slot, _) = parse_lspci(&proxy_lspci)
+        .into_iter()
+        .find(|(_, id)| id == STANDIN_ID)
+        .expect("stand-in present in the proxy");
+    let proxy_bound = tier.wait_domu(
+        "proxy",
+        &format!("readlink /sys/bus/pci/devices/0000:{proxy_slot}/driver"),
+        Duration::from_secs(60),
+        |out| out.contains("drivers/e1000"),
+    );
+    assert!(proxy_bound.contains("e1000"), "{proxy_bound}");
+    tier.dom0(&format!("xl pci-detach proxy {PROXY_STANDIN_BDF}"));
+    // With no device left, pcifront may leave no PCI bus for lspci to read.
+    tier.wait_domu(
+        "proxy",
+        "lspci -n 2>&1; true",
+        Duration::from_secs(60),
+        |out| !sees_standin(out),
+    );
+    tier.phase("attach + detach the proxy's own stand-in (PV passthrough)");
+
     tier.dom0_of(1, "xl destroy hvmguest");
     tier.dom0("xl destroy proxy");
 
