@@ -10,8 +10,10 @@ use std::mem::MaybeUninit;
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 
 use crate::api::{
-    context::*, enqueue::*, event::*, kernel::*, memory::*, platform::*, program::*, queue::*,
-    sampler::*, svm::*,
+    clReleaseContext, clReleaseEvent, clReleaseKernel, clReleaseMemObject, clReleaseProgram,
+    clReleaseSampler, clRetainContext, clRetainEvent, clRetainKernel, clRetainMemObject,
+    clRetainProgram, clRetainSampler, context::*, enqueue::*, event::*, kernel::*, memory::*,
+    platform::*, program::*, queue::*, sampler::*, svm::*,
 };
 
 macro_rules! icd_table {

@@ -161,13 +161,6 @@ pub fn enter_callback() -> Pass {
     Pass(slot)
 }
 
-/// True if the calling thread is inside an entry point (e.g. a callback running
-/// inside a vendor call).
-pub fn in_call() -> bool {
-    MINE.with(Cell::get)
-        .is_some_and(|s| s.depth.load(Ordering::Relaxed) > 0)
-}
-
 fn heavy_barrier() {
     if MEMBARRIER_OK.load(Ordering::Acquire) {
         // SAFETY: see `init`.
@@ -215,8 +208,4 @@ pub fn open() {
     let _g = WAKE.0.lock().unwrap_or_else(|e| e.into_inner());
     STATE.store(OPEN, Ordering::SeqCst);
     WAKE.1.notify_all();
-}
-
-pub fn state() -> u32 {
-    STATE.load(Ordering::Acquire)
 }

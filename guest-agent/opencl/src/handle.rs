@@ -221,6 +221,15 @@ pub fn get<'a, T: ClObject>(p: *const c_void) -> Option<&'a T> {
     (!obj.is_null()).then(|| unsafe { &*(obj as *const T) })
 }
 
+/// The object behind a live handle together with its slot, from one check.
+#[inline(always)]
+pub fn get_with_slot<'a, T: ClObject>(p: *const c_void) -> Option<(&'a T, *const Slot)> {
+    let slot = slot_of(p, T::KIND)?;
+    let obj = slot.object.load(Ordering::Acquire);
+    // SAFETY: as in `get`.
+    (!obj.is_null()).then(|| (unsafe { &*(obj as *const T) }, ptr::from_ref(slot)))
+}
+
 /// A new strong reference to the object behind a live handle.
 pub fn get_arc<T: ClObject>(p: *const c_void) -> Option<Arc<T>> {
     let slot = slot_of(p, T::KIND)?;
@@ -263,9 +272,9 @@ pub fn app_retain<T: ClObject>(obj: &T) {
 }
 
 /// Application release: OpenCL's clRelease*. Returns true when this dropped the
-/// application's last reference; `on_last` runs first (e.g. to release the vendor
-/// object).
-pub fn app_release<T: ClObject>(obj: &T, on_last: impl FnOnce(&T)) -> bool {
+/// application's last reference (the vendor object goes when the shadow object
+/// drops, which may be later if dependents still hold it).
+pub fn app_release<T: ClObject>(obj: &T) -> bool {
     let b = obj.base();
     let prev = b.app_refs.fetch_sub(1, Ordering::AcqRel);
     if prev == 0 {
@@ -273,7 +282,6 @@ pub fn app_release<T: ClObject>(obj: &T, on_last: impl FnOnce(&T)) -> bool {
         return false;
     }
     if prev == 1 {
-        on_last(obj);
         // SAFETY: this gives back the strong reference the application held.
         unsafe { Arc::decrement_strong_count(ptr::from_ref(obj)) };
         return true;

@@ -3,8 +3,8 @@
 //! one. Both run on the control thread with the gate shut.
 
 use std::ffi::c_void;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crane_control::{Mode, Phase, Residue};
@@ -257,8 +257,8 @@ fn unfired_callbacks() -> usize {
 
 /// A vendor queue on `ctx` for crane's own transfers: one of the application's,
 /// or a temporary one (returned second, to be released).
-fn transfer_queue(ctx: &Context) -> ClResult<(*mut c_void, bool)> {
-    if let Some(q) = handle::live::<Queue>()
+fn transfer_queue(ctx: &Context, queues: &[Arc<Queue>]) -> ClResult<(*mut c_void, bool)> {
+    if let Some(q) = queues
         .iter()
         .find(|q| std::ptr::eq(&*q.context, ctx) && !q.base.vendor().is_null())
     {
@@ -274,8 +274,12 @@ fn transfer_queue(ctx: &Context) -> ClResult<(*mut c_void, bool)> {
     Ok((q.cast(), true))
 }
 
-fn with_queue<T>(ctx: &Context, f: impl FnOnce(cl_command_queue) -> ClResult<T>) -> ClResult<T> {
-    let (q, temp) = transfer_queue(ctx)?;
+fn with_queue<T>(
+    ctx: &Context,
+    queues: &[Arc<Queue>],
+    f: impl FnOnce(cl_command_queue) -> ClResult<T>,
+) -> ClResult<T> {
+    let (q, temp) = transfer_queue(ctx, queues)?;
     let r = f(q.cast());
     if temp {
         // SAFETY: the temporary queue made above.
@@ -287,6 +291,7 @@ fn with_queue<T>(ctx: &Context, f: impl FnOnce(cl_command_queue) -> ClResult<T>)
 /// Reads every object whose device contents RAM does not hold.
 fn read_back() -> ClResult<u64> {
     let mut bytes = 0u64;
+    let queues = handle::live::<Queue>();
     for m in handle::live::<Mem>() {
         let v = m.base.vendor();
         if v.is_null() || matches!(m.kind, MemKind::SubBuffer { .. } | MemKind::Pipe { .. }) {
@@ -314,7 +319,7 @@ fn read_back() -> ClResult<u64> {
                     data = vec![0u8; m.size];
                     dst = data.as_mut_ptr();
                 }
-                with_queue(&m.context, |q| {
+                with_queue(&m.context, &queues, |q| {
                     read_buffer(&m.context, q, v, m.flags, m.size, dst)
                 })?;
                 if m.flags & CL_MEM_USE_HOST_PTR == 0 {
@@ -327,7 +332,7 @@ fn read_back() -> ClResult<u64> {
                 let px = memory::pixel_size(format);
                 let mut data = vec![0u8; region.iter().product::<usize>() * px];
                 let origin = [0usize; 3];
-                with_queue(&m.context, |q| {
+                with_queue(&m.context, &queues, |q| {
                     // SAFETY: `data` holds the whole image tightly packed.
                     check(unsafe {
                         vfn!(q, clEnqueueReadImage)?(

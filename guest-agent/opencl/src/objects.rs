@@ -3,7 +3,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{CString, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
@@ -272,16 +272,11 @@ impl BuildStep {
     }
 }
 
-/// Program binaries, one per device.
-pub type DeviceBinaries = Vec<(Arc<Device>, Vec<u8>)>;
-
 pub struct Program {
     pub base: Base,
     pub context: Arc<Context>,
     pub source: ProgramSource,
     pub steps: Mutex<Vec<BuildStep>>,
-    /// Binaries read at suspend, per device of the context, for a fast rebuild.
-    pub saved_binaries: Mutex<Option<DeviceBinaries>>,
 }
 cl_object!(Program, Program, clReleaseProgram);
 
@@ -377,7 +372,6 @@ pub struct Event {
     pub profiling: Mutex<Option<[u64; 5]>>,
     /// Status saved at suspend.
     pub final_status: AtomicI32,
-    pub created_ns: AtomicU64,
 }
 cl_object!(Event, Event, clReleaseEvent);
 

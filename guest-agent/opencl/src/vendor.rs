@@ -405,21 +405,6 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
     Ok(st.devices[pi].clone())
 }
 
-/// Finds crane's device for a vendor device (introspection results).
-pub fn device_for_vendor(v: *mut c_void) -> Option<Arc<Device>> {
-    let st = state();
-    st.devices
-        .iter()
-        .flatten()
-        .find(|d| d.base.vendor() == v)
-        .cloned()
-        .or_else(|| {
-            handle::live::<Device>()
-                .into_iter()
-                .find(|d| d.base.vendor() == v)
-        })
-}
-
 /// Unloads every vendor library. Crane's platform and device handles stay; their
 /// vendor pointers are cleared.
 pub fn unload(policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {

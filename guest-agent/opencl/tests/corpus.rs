@@ -10,19 +10,8 @@ use std::time::{Duration, Instant};
 
 use crane_control::{Request, call, socket_path};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn library() -> PathBuf {
-    // target/<profile>/deps/corpus-<hash> -> target/<profile>/libcrane_opencl.so
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("libcrane_opencl.so")
-}
+mod common;
+use common::{library, repo};
 
 /// Builds the corpus once per test binary.
 fn apps() -> &'static Path {

@@ -144,22 +144,6 @@ pub unsafe extern "C" fn clCreateContextFromType(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clRetainContext(c: cl_context) -> cl_int {
-    entry::status(true, || {
-        handle::app_retain(context_ref(c.cast())?);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clReleaseContext(c: cl_context) -> cl_int {
-    entry::status(true, || {
-        handle::app_release(context_ref(c.cast())?, |_| ());
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
 pub unsafe extern "C" fn clGetContextInfo(
     c: cl_context,
     param: cl_context_info,

@@ -13,7 +13,7 @@ use crate::entry::{self, ClResult};
 use crate::vendor::{check, vfn};
 
 #[inline(always)]
-fn wl(w: &Waits) -> *const cl_event {
+pub(super) fn wl(w: &Waits) -> *const cl_event {
     if w.is_empty() {
         std::ptr::null()
     } else {
@@ -24,7 +24,7 @@ fn wl(w: &Waits) -> *const cl_event {
 /// The common shape of an enqueue: resolve the queue and wait list, call the
 /// vendor, and wrap the event the application asked for.
 #[inline(always)]
-fn run(
+pub(super) fn run(
     q: cl_command_queue,
     n: cl_uint,
     list: *const cl_event,

@@ -1,7 +1,7 @@
 //! Events, user events and their callbacks.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
@@ -27,7 +27,6 @@ pub fn new_event(
         callbacks: Mutex::new(Vec::new()),
         profiling: Mutex::new(None),
         final_status: AtomicI32::new(CL_SUBMITTED),
-        created_ns: AtomicU64::new(0),
     })
 }
 
@@ -126,22 +125,6 @@ pub unsafe extern "C" fn clSetUserEventStatus(e: cl_event, status: cl_int) -> cl
         // SAFETY: forwarding.
         check(unsafe { vfn!(v, clSetUserEventStatus)?(v.cast(), status) })?;
         ev.user_status.store(status, Ordering::Release);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clRetainEvent(e: cl_event) -> cl_int {
-    entry::status(true, || {
-        handle::app_retain(event_ref(e.cast())?);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clReleaseEvent(e: cl_event) -> cl_int {
-    entry::status(true, || {
-        handle::app_release(event_ref(e.cast())?, |_| ());
         Ok(())
     })
 }

@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use super::*;
 use crate::entry::{self, ClResult, bytes_of, write_info};
-use crate::handle::{Base, Kind, Slot};
+use crate::handle::{Base, Slot};
 use crate::vendor::{check, vfn};
 
 fn arg_info<T: Copy + Default>(
@@ -246,47 +246,23 @@ pub unsafe extern "C" fn clCloneKernel(k: cl_kernel, errcode_ret: *mut cl_int) -
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clRetainKernel(k: cl_kernel) -> cl_int {
-    entry::status(true, || {
-        handle::app_retain(kernel_ref(k.cast())?);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clReleaseKernel(k: cl_kernel) -> cl_int {
-    entry::status(true, || {
-        handle::app_release(kernel_ref(k.cast())?, |_| ());
-        Ok(())
-    })
-}
-
 const PTR: usize = std::mem::size_of::<*mut c_void>();
 
-/// The vendor object and record for a handle-typed argument value.
+/// The vendor object and slot for a handle-typed argument value.
 #[inline(always)]
 fn handle_arg(p: *const c_void, kind: ArgKind) -> Option<(*mut c_void, *const Slot)> {
-    let try_kind = |k: Kind| handle::slot_of(p, k).map(|s| s as *const Slot);
-    let slot = match kind {
-        ArgKind::MemWritable | ArgKind::MemReadOnly | ArgKind::Image { .. } => try_kind(Kind::Mem),
-        ArgKind::Sampler => try_kind(Kind::Sampler),
-        ArgKind::Queue => try_kind(Kind::Queue),
-        ArgKind::Unknown => try_kind(Kind::Mem)
-            .or_else(|| try_kind(Kind::Sampler))
-            .or_else(|| try_kind(Kind::Queue)),
+    fn of<T: ClObject>(p: *const c_void) -> Option<(*mut c_void, *const Slot)> {
+        handle::get_with_slot::<T>(p).map(|(o, s)| (o.base().vendor(), s))
+    }
+    match kind {
+        ArgKind::MemWritable | ArgKind::MemReadOnly | ArgKind::Image { .. } => of::<Mem>(p),
+        ArgKind::Sampler => of::<Sampler>(p),
+        ArgKind::Queue => of::<Queue>(p),
+        ArgKind::Unknown => of::<Mem>(p)
+            .or_else(|| of::<Sampler>(p))
+            .or_else(|| of::<Queue>(p)),
         _ => None,
-    }?;
-    let v = match kind {
-        ArgKind::Sampler => handle::get::<Sampler>(p)?.base.vendor(),
-        ArgKind::Queue => handle::get::<Queue>(p)?.base.vendor(),
-        ArgKind::Unknown => handle::get::<Mem>(p)
-            .map(|m| m.base.vendor())
-            .or_else(|| handle::get::<Sampler>(p).map(|s| s.base.vendor()))
-            .or_else(|| handle::get::<Queue>(p).map(|q| q.base.vendor()))?,
-        _ => handle::get::<Mem>(p)?.base.vendor(),
-    };
-    Some((v, slot))
+    }
 }
 
 /// Sets one argument on a vendor kernel from a recorded value (resume).

@@ -483,22 +483,6 @@ pub unsafe extern "C" fn clGetPipeInfo(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clRetainMemObject(m: cl_mem) -> cl_int {
-    entry::status(true, || {
-        handle::app_retain(mem_ref(m.cast())?);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clReleaseMemObject(m: cl_mem) -> cl_int {
-    entry::status(true, || {
-        handle::app_release(mem_ref(m.cast())?, |_| ());
-        Ok(())
-    })
-}
-
 pub fn before_release(m: &Mem, v: *mut c_void) {
     let list = std::mem::take(&mut *m.destructors.lock().unwrap_or_else(|e| e.into_inner()));
     crate::callbacks::hand_over_destructors(list, v, |d| {

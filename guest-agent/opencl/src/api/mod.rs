@@ -41,6 +41,38 @@ lookup!(program_ref, Program, CL_INVALID_PROGRAM);
 lookup!(kernel_ref, Kernel, CL_INVALID_KERNEL);
 lookup!(event_ref, Event, CL_INVALID_EVENT);
 
+/// clRetain*/clRelease* for objects whose retain and release only count the
+/// application's references (queues flush on release and devices count only
+/// sub-devices, so they have their own).
+macro_rules! retain_release {
+    ($($retain:ident, $release:ident, $h:ty, $lookup:ident;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $retain(h: $h) -> cl_int {
+            crate::entry::status(true, || {
+                handle::app_retain($lookup(h.cast())?);
+                Ok(())
+            })
+        }
+
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $release(h: $h) -> cl_int {
+            crate::entry::status(true, || {
+                handle::app_release($lookup(h.cast())?);
+                Ok(())
+            })
+        }
+    )*};
+}
+
+retain_release! {
+    clRetainContext, clReleaseContext, cl_context, context_ref;
+    clRetainMemObject, clReleaseMemObject, cl_mem, mem_ref;
+    clRetainSampler, clReleaseSampler, cl_sampler, sampler_ref;
+    clRetainProgram, clReleaseProgram, cl_program, program_ref;
+    clRetainKernel, clReleaseKernel, cl_kernel, kernel_ref;
+    clRetainEvent, clReleaseEvent, cl_event, event_ref;
+}
+
 /// A strong reference to the object behind a handle.
 pub fn arc_of<T: ClObject>(h: *const c_void, err: cl_int) -> ClResult<std::sync::Arc<T>> {
     handle::get_arc::<T>(h).ok_or(err)

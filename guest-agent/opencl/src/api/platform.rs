@@ -241,7 +241,7 @@ pub unsafe extern "C" fn clReleaseDevice(d: cl_device_id) -> cl_int {
     entry::status(true, || {
         let dev = device_ref(d.cast())?;
         if dev.parent.is_some() {
-            handle::app_release(dev, |_| ());
+            handle::app_release(dev);
         }
         Ok(())
     })

@@ -37,7 +37,6 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
         context,
         source,
         steps: Mutex::new(Vec::new()),
-        saved_binaries: Mutex::new(None),
     }
 }
 
@@ -346,22 +345,6 @@ pub unsafe extern "C" fn clCreateProgramWithBuiltInKernels(
     })
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clRetainProgram(p: cl_program) -> cl_int {
-    entry::status(true, || {
-        handle::app_retain(program_ref(p.cast())?);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clReleaseProgram(p: cl_program) -> cl_int {
-    entry::status(true, || {
-        handle::app_release(program_ref(p.cast())?, |_| ());
-        Ok(())
-    })
-}
-
 type BuildCb = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
 
 /// The vendor-facing callback and user data for an application callback.
@@ -579,7 +562,7 @@ pub unsafe extern "C" fn clLinkProgram(
         };
         if v.is_null() {
             undo_notify(cb, ud);
-            handle::app_release(&*prog, |_| ());
+            handle::app_release(&*prog);
             return Err(if err == CL_SUCCESS {
                 CL_LINK_PROGRAM_FAILURE
             } else {

@@ -101,7 +101,7 @@ pub unsafe extern "C" fn clReleaseCommandQueue(q: cl_command_queue) -> cl_int {
             // SAFETY: live vendor queue.
             unsafe { vfn!(v, clFlush)?(v.cast()) };
         }
-        handle::app_release(queue, |_| ());
+        handle::app_release(queue);
         Ok(())
     })
 }

@@ -73,22 +73,6 @@ pub unsafe extern "C" fn clCreateSamplerWithProperties(
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn clRetainSampler(s: cl_sampler) -> cl_int {
-    entry::status(true, || {
-        handle::app_retain(sampler_ref(s.cast())?);
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn clReleaseSampler(s: cl_sampler) -> cl_int {
-    entry::status(true, || {
-        handle::app_release(sampler_ref(s.cast())?, |_| ());
-        Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
 pub unsafe extern "C" fn clGetSamplerInfo(
     s: cl_sampler,
     param: cl_sampler_info,

@@ -9,10 +9,10 @@ use std::sync::Mutex;
 
 use opencl_sys::*;
 
-use super::event::waits;
+use super::enqueue::{run, wl};
 use super::*;
-use crate::entry::{self, ClResult};
-use crate::vendor::{check, vfn};
+use crate::entry;
+use crate::vendor::vfn;
 
 /// Live SVM allocations: (pointer, size).
 pub static LIVE: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
@@ -65,46 +65,6 @@ pub unsafe extern "C" fn clSVMFree(c: cl_context, p: *mut c_void) {
             forget(p);
         }
     })
-}
-
-fn run(
-    q: cl_command_queue,
-    n: cl_uint,
-    list: *const cl_event,
-    ev: *mut cl_event,
-    cmd: cl_command_type,
-    f: impl FnOnce(cl_command_queue, *const cl_event, *mut cl_event) -> ClResult<cl_int>,
-) -> ClResult<()> {
-    let queue = queue_ref(q.cast())?;
-    let vq: cl_command_queue = queue.base.vendor().cast();
-    let w = waits(n, list)?;
-    let mut vev: cl_event = std::ptr::null_mut();
-    check(f(
-        vq,
-        if w.is_empty() {
-            std::ptr::null()
-        } else {
-            w.as_ptr()
-        },
-        if ev.is_null() {
-            std::ptr::null_mut()
-        } else {
-            &mut vev
-        },
-    )?)?;
-    if !ev.is_null() {
-        let queue = arc_of::<Queue>(q.cast(), CL_INVALID_COMMAND_QUEUE)?;
-        entry::put(
-            ev,
-            publish(super::event::new_event(
-                queue.context.clone(),
-                Some(queue),
-                vev.cast(),
-                cmd,
-            )),
-        );
-    }
-    Ok(())
 }
 
 type SvmFreeCb =
@@ -164,7 +124,7 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
         };
         let r = run(q, n, list, ev, CL_COMMAND_SVM_FREE, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueSVMFree)?(vq, n_ptrs, ptrs, cb, cud, n, w, ve) })
+            Ok(unsafe { vfn!(vq, clEnqueueSVMFree)?(vq, n_ptrs, ptrs, cb, cud, n, wl(w), ve) })
         });
         if r.is_err() && cb.is_some() {
             // SAFETY: the vendor refused and will not call back.
@@ -192,7 +152,11 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MEMCPY, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueSVMMemcpy)?(vq, blocking, dst, src, size, n, w, ve) })
+            Ok(
+                unsafe {
+                    vfn!(vq, clEnqueueSVMMemcpy)?(vq, blocking, dst, src, size, n, wl(w), ve)
+                },
+            )
         })
     })
 }
@@ -211,7 +175,11 @@ pub unsafe extern "C" fn clEnqueueSVMMemFill(
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MEMFILL, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueSVMMemFill)?(vq, p, pattern, psize, size, n, w, ve) })
+            Ok(
+                unsafe {
+                    vfn!(vq, clEnqueueSVMMemFill)?(vq, p, pattern, psize, size, n, wl(w), ve)
+                },
+            )
         })
     })
 }
@@ -230,7 +198,7 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_MAP, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueSVMMap)?(vq, blocking, flags, p, size, n, w, ve) })
+            Ok(unsafe { vfn!(vq, clEnqueueSVMMap)?(vq, blocking, flags, p, size, n, wl(w), ve) })
         })
     })
 }
@@ -246,7 +214,7 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
     entry::status(false, || {
         run(q, n, list, ev, CL_COMMAND_SVM_UNMAP, |vq, w, ve| {
             // SAFETY: forwarding.
-            Ok(unsafe { vfn!(vq, clEnqueueSVMUnmap)?(vq, p, n, w, ve) })
+            Ok(unsafe { vfn!(vq, clEnqueueSVMUnmap)?(vq, p, n, wl(w), ve) })
         })
     })
 }
@@ -266,7 +234,7 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
         run(q, n, list, ev, CL_COMMAND_SVM_MIGRATE_MEM, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe {
-                vfn!(vq, clEnqueueSVMMigrateMem)?(vq, n_ptrs, ptrs, sizes, flags, n, w, ve)
+                vfn!(vq, clEnqueueSVMMigrateMem)?(vq, n_ptrs, ptrs, sizes, flags, n, wl(w), ve)
             })
         })
     })
