@@ -4,6 +4,7 @@
 //!   integration tests (the OpenCL corpus on PoCL).
 //! * `cargo xtask demo` — an OpenCL app suspended (GPU state in RAM, vendor
 //!   library unloaded) and resumed many times, checked against a native run.
+//! * `cargo xtask bench [RUNS]` — added nanoseconds per call versus native.
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
 
 use std::path::{Path, PathBuf};
@@ -203,11 +204,83 @@ fn demo(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+fn bench_lines(out: &[u8]) -> Vec<(String, f64)> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("BENCH ")?.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Per-call cost crane adds on the hottest calls: benches/call_overhead.c run
+/// natively and under libcrane_opencl.so, alternating, best of several runs.
+/// A figure printer, not a test: the goals (docs/benchmarks.md) are read off it.
+fn bench(args: &[String]) -> Result<()> {
+    ensure_packages()?;
+    run(cargo().args(["build", "--release", "-p", "crane-opencl"]))?;
+    let exe = root().join("target/bench/call_overhead");
+    std::fs::create_dir_all(exe.parent().expect("has a parent"))?;
+    run(Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join("benches/call_overhead.c"))
+        .arg("-lOpenCL"))?;
+    let lib = root().join("target/release/libcrane_opencl.so");
+    let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let mut best: Vec<(String, f64, f64)> = Vec::new();
+    for _ in 0..runs {
+        for under_crane in [false, true] {
+            let mut c = Command::new(&exe);
+            if under_crane {
+                c.env("LD_PRELOAD", &lib)
+                    .env("CRANE_RUN_DIR", std::env::temp_dir().join("crane-bench"));
+            }
+            let out = c.output()?;
+            if !out.status.success() {
+                bail!(
+                    "{} failed: {}",
+                    exe.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            for (name, ns) in bench_lines(&out.stdout) {
+                let i = match best.iter().position(|b| b.0 == name) {
+                    Some(i) => i,
+                    None => {
+                        best.push((name, f64::MAX, f64::MAX));
+                        best.len() - 1
+                    }
+                };
+                let slot = if under_crane {
+                    &mut best[i].2
+                } else {
+                    &mut best[i].1
+                };
+                *slot = slot.min(ns);
+            }
+        }
+    }
+    println!(
+        "{:<30} {:>12} {:>12} {:>12}",
+        "call", "native ns", "crane ns", "added ns"
+    );
+    for (name, native, crane) in best {
+        println!(
+            "{name:<30} {native:>12.1} {crane:>12.1} {:>12.1}",
+            crane - native
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("demo") => demo(&args[1..]),
+        Some("bench") => bench(&args[1..]),
         Some("testbed") => crane_test_vms::cli(&args[1..]),
         other => bail!("unknown xtask command {other:?}; try test, demo or testbed"),
     }

@@ -53,6 +53,11 @@ impl Drop for SlotOwner {
 
 fn init() {
     INIT.call_once(|| {
+        // CRANE_MEMBARRIER=0 keeps the process off membarrier (the fast path
+        // then pays a fence per call).
+        if std::env::var_os("CRANE_MEMBARRIER").is_some_and(|v| v == "0") {
+            return;
+        }
         // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory of ours.
         let r = unsafe {
             libc::syscall(

@@ -74,6 +74,10 @@ impl Timer {
     }
     fn lap(&mut self, name: &str, bytes: u64) {
         let now = Instant::now();
+        debug!(
+            "{name} done in {:.1} ms",
+            (now - self.t).as_secs_f64() * 1e3
+        );
         self.phases.push(Phase {
             name: name.into(),
             ms: (now - self.t).as_secs_f64() * 1e3,
