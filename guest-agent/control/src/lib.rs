@@ -38,6 +38,21 @@ pub enum Request {
     },
     /// Reload the vendor library, recreate every object, re-inject memory.
     Resume,
+    /// Move the process's GPU state to `crane-proxy` at `proxy` and carry on
+    /// over RPC; the local vendor library is unloaded when this returns.
+    Remote {
+        /// `tcp://HOST:PORT` or `unix:/path`.
+        proxy: String,
+        /// The session token the proxy expects.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+        deadline_ms: u64,
+    },
+    /// Bring the process's GPU state back from the proxy to the local vendor
+    /// library (reload, recreate, re-inject what the proxy changed).
+    Local {
+        deadline_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -47,6 +62,8 @@ pub enum Mode {
     Passthrough,
     /// GPU state is in RAM and the vendor library is unloaded.
     Suspended,
+    /// Calls are forwarded to crane-proxy; no local vendor library is loaded.
+    Remote,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]

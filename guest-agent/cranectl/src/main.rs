@@ -8,8 +8,11 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use crane_control::{Request, Response, call, list_pids, run_dir_from_env, socket_path};
 
-const USAGE: &str =
-    "usage: cranectl [--json] list | suspend PID|all [--deadline-ms N] | resume PID|all";
+const USAGE: &str = "usage: cranectl [--json] list
+       cranectl suspend PID|all [--deadline-ms N]
+       cranectl resume PID|all [--deadline-ms N]
+       cranectl remote PID|all --proxy tcp://HOST:PORT|unix:/PATH [--token-file F] [--deadline-ms N]
+       cranectl local PID|all [--deadline-ms N]";
 
 fn targets(run_dir: &Path, which: &str) -> Result<Vec<u32>> {
     if which == "all" {
@@ -119,7 +122,7 @@ fn run() -> Result<ExitCode> {
                 }
             }
         }
-        Some(verb @ ("suspend" | "resume")) => {
+        Some(verb @ ("suspend" | "resume" | "remote" | "local")) => {
             let which = args.get(1).map(String::as_str).unwrap_or_else(|| "");
             if which.is_empty() {
                 bail!("{USAGE}");
@@ -131,10 +134,39 @@ fn run() -> Result<ExitCode> {
                     .parse()?,
                 None => 10_000,
             };
-            let req = if verb == "suspend" {
-                Request::Suspend { deadline_ms }
-            } else {
-                Request::Resume
+            let opt = |name: &str| -> Result<Option<String>> {
+                match args.iter().position(|a| a == name) {
+                    Some(i) => Ok(Some(
+                        args.get(i + 1)
+                            .with_context(|| format!("{name} needs a value"))?
+                            .clone(),
+                    )),
+                    None => Ok(None),
+                }
+            };
+            let req = match verb {
+                "suspend" => Request::Suspend { deadline_ms },
+                "resume" => Request::Resume,
+                "remote" => {
+                    let proxy = opt("--proxy")?
+                        .or_else(|| std::env::var("CRANE_PROXY").ok())
+                        .context("remote needs --proxy ADDR (or CRANE_PROXY)")?;
+                    let token = match opt("--token-file")? {
+                        Some(f) => Some(
+                            std::fs::read_to_string(&f)
+                                .with_context(|| format!("reading {f}"))?
+                                .trim()
+                                .to_string(),
+                        ),
+                        None => None,
+                    };
+                    Request::Remote {
+                        proxy,
+                        token,
+                        deadline_ms,
+                    }
+                }
+                _ => Request::Local { deadline_ms },
             };
             for pid in targets(&run_dir, which)? {
                 match call(&socket_path(&run_dir, pid), &req, timeout) {
@@ -149,10 +181,11 @@ fn run() -> Result<ExitCode> {
                         } else {
                             print_phases(
                                 pid,
-                                if verb == "suspend" {
-                                    "suspended"
-                                } else {
-                                    "resumed"
+                                match verb {
+                                    "suspend" => "suspended",
+                                    "resume" => "resumed",
+                                    "remote" => "remote",
+                                    _ => "local",
                                 },
                                 &r,
                             );

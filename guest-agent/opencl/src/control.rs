@@ -128,5 +128,8 @@ fn handle(req: Request) -> Response {
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during resume"),
         },
+        Request::Remote { .. } | Request::Local { .. } => {
+            Response::error("this build of libcrane_opencl.so cannot forward to crane-proxy")
+        }
     }
 }
