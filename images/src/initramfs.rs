@@ -41,6 +41,15 @@ pub enum InitramfsError {
          that ships it to the image's packages and run `cargo xtask testbed lock`"
     )]
     MissingLibrary { library: String, needed_by: String },
+    #[error(
+        "{needed_by} needs version {version} of {library}, which the locked {library} \
+         does not define: build it against the images' Debian release (or statically)"
+    )]
+    MissingSymbolVersion {
+        needed_by: String,
+        library: String,
+        version: String,
+    },
     #[error("kernel module {0} is not in the locked kernel package")]
     MissingModule(String),
     #[error("the locked packages contain no kernel modules under /lib/modules")]
@@ -71,6 +80,7 @@ pub struct Initramfs<'s> {
     entries: BTreeMap<PathBuf, Content>,
     packages_used: BTreeSet<String>,
     elf_done: BTreeSet<PathBuf>,
+    library_dirs: Vec<String>,
 }
 
 impl<'s> Initramfs<'s> {
@@ -80,7 +90,15 @@ impl<'s> Initramfs<'s> {
             entries: BTreeMap::new(),
             packages_used: BTreeSet::new(),
             elf_done: BTreeSet::new(),
+            library_dirs: Vec::new(),
         }
+    }
+
+    /// Directories searched for libraries after an ELF file's own run paths and before
+    /// the default ones, for plugins that rely on siblings their host loaded first.
+    pub fn library_dirs(&mut self, dirs: &[PathBuf]) -> &mut Self {
+        self.library_dirs = dirs.iter().map(|d| d.display().to_string()).collect();
+        self
     }
 
     /// Names of the locked packages that supplied at least one file.
@@ -189,7 +207,45 @@ impl<'s> Initramfs<'s> {
             },
         );
         self.add_elf_dependencies(&dest, source)?;
+        self.check_symbol_versions(&dest, source)?;
         Ok(self)
+    }
+
+    /// Checks that every symbol version an ELF file of the build machine needs (e.g.
+    /// `GLIBC_2.34` of libc.so.6) is defined by the locked library it will meet in the
+    /// image: a program built against a newer libc than the image's would fail to
+    /// start, so the build fails instead, naming the version.
+    fn check_symbol_versions(&self, installed: &Path, source: &Path) -> Result<(), InitramfsError> {
+        let data = std::fs::read(source).map_err(io_err(source))?;
+        if !data.starts_with(b"\x7fELF") {
+            return Ok(());
+        }
+        for (library, versions) in needed_versions(&data, source)? {
+            let Some(lib_path) = DEFAULT_LIBRARY_DIRS
+                .iter()
+                .map(|dir| Path::new(dir).join(&library))
+                .find(|candidate| self.sysroot.resolve(candidate).is_ok())
+            else {
+                continue;
+            };
+            let (_, target) = self.sysroot.resolve(&lib_path)?;
+            let Some(Node::File {
+                source: lib_source, ..
+            }) = self.sysroot.entry(&target).map(|e| &e.node)
+            else {
+                continue;
+            };
+            let lib_data = std::fs::read(lib_source).map_err(io_err(lib_source))?;
+            let defined = defined_versions(&lib_data, lib_source)?;
+            if let Some(missing) = versions.into_iter().find(|v| !defined.contains(v)) {
+                return Err(InitramfsError::MissingSymbolVersion {
+                    needed_by: installed.display().to_string(),
+                    library,
+                    version: missing,
+                });
+            }
+        }
+        Ok(())
     }
 
     fn add_elf_dependencies(
@@ -227,6 +283,7 @@ impl<'s> Initramfs<'s> {
         for library in libraries {
             let found = run_paths
                 .iter()
+                .chain(self.library_dirs.iter())
                 .map(String::as_str)
                 .chain(DEFAULT_LIBRARY_DIRS.iter().copied())
                 .map(|dir| Path::new(dir).join(&library))
@@ -355,6 +412,52 @@ impl<'s> Initramfs<'s> {
         drop(buffered);
         std::fs::rename(&tmp, out).map_err(io_err(out))
     }
+}
+
+fn parse_elf<'a>(data: &'a [u8], path: &Path) -> Result<goblin::elf::Elf<'a>, InitramfsError> {
+    goblin::elf::Elf::parse(data).map_err(|e| InitramfsError::Elf {
+        path: path.display().to_string(),
+        source: e,
+    })
+}
+
+/// The symbol versions an ELF file needs, by library (its `.gnu.version_r`).
+fn needed_versions(
+    data: &[u8],
+    path: &Path,
+) -> Result<BTreeMap<String, BTreeSet<String>>, InitramfsError> {
+    let elf = parse_elf(data, path)?;
+    let mut needed: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    if let Some(verneed) = &elf.verneed {
+        for need in verneed.iter() {
+            let Some(library) = elf.dynstrtab.get_at(need.vn_file) else {
+                continue;
+            };
+            let versions = needed.entry(library.to_owned()).or_default();
+            for aux in need.iter() {
+                if let Some(version) = elf.dynstrtab.get_at(aux.vna_name) {
+                    versions.insert(version.to_owned());
+                }
+            }
+        }
+    }
+    Ok(needed)
+}
+
+/// The symbol versions a shared library defines (its `.gnu.version_d`).
+fn defined_versions(data: &[u8], path: &Path) -> Result<BTreeSet<String>, InitramfsError> {
+    let elf = parse_elf(data, path)?;
+    let mut defined = BTreeSet::new();
+    if let Some(verdef) = &elf.verdef {
+        for def in verdef.iter() {
+            for aux in def.iter() {
+                if let Some(version) = elf.dynstrtab.get_at(aux.vda_name) {
+                    defined.insert(version.to_owned());
+                }
+            }
+        }
+    }
+    Ok(defined)
 }
 
 /// The `depends=` list of a kernel module's `.modinfo` section.
@@ -490,6 +593,94 @@ mod tests {
         let again = dir.path().join("again.cpio.gz");
         image.write_gz(&again).unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&again).unwrap());
+    }
+
+    #[test]
+    fn host_programs_must_find_their_symbol_versions_in_the_locked_libc() {
+        let dir = tempfile::tempdir().unwrap();
+        let sysroot = fake_sysroot(dir.path());
+        let mut image = Initramfs::new(&sysroot);
+        image
+            .host_file(Path::new("/usr/bin/true"), "/bin/true", 0o755)
+            .expect("the build machine's true runs on its own libc");
+
+        // A "libc" that lacks versions true needs: libm defines neither GLIBC_2.14
+        // (memcpy) nor GLIBC_2.34 (__libc_start_main). The first missing one, in
+        // name order, is reported.
+        let old = tempfile::tempdir().unwrap();
+        let libc6 = old.path().join("libc6/lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&libc6).unwrap();
+        std::fs::copy("/lib/x86_64-linux-gnu/libm.so.6", libc6.join("libc.so.6")).unwrap();
+        std::fs::copy(
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            libc6.join("ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(old.path().join("libc6/lib64")).unwrap();
+        std::os::unix::fs::symlink(
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            old.path().join("libc6/lib64/ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        let mut old_root = Sysroot::default();
+        old_root
+            .add_package("libc6", &old.path().join("libc6"))
+            .unwrap();
+        let err = Initramfs::new(&old_root)
+            .host_file(Path::new("/usr/bin/true"), "/bin/true", 0o755)
+            .err()
+            .expect("GLIBC_2.14 and GLIBC_2.34 are missing");
+        match err {
+            InitramfsError::MissingSymbolVersion {
+                library, version, ..
+            } => {
+                assert_eq!(library, "libc.so.6");
+                assert_eq!(version, "GLIBC_2.14");
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn library_dirs_resolve_plugins_without_run_paths() {
+        // Like PoCL's device plugins: a library needing a sibling by bare name, with
+        // no run path; here libm.so.6 and the libc.so.6 it needs sit in /opt/x.
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("only");
+        let opt = package.join("opt/x");
+        let multiarch = package.join("lib/x86_64-linux-gnu");
+        std::fs::create_dir_all(&opt).unwrap();
+        std::fs::create_dir_all(&multiarch).unwrap();
+        std::fs::create_dir_all(package.join("lib64")).unwrap();
+        for lib in ["libm.so.6", "libc.so.6"] {
+            std::fs::copy(Path::new("/lib/x86_64-linux-gnu").join(lib), opt.join(lib)).unwrap();
+        }
+        std::fs::copy(
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            multiarch.join("ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            package.join("lib64/ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
+        let mut root = Sysroot::default();
+        root.add_package("only", &package).unwrap();
+        let err = Initramfs::new(&root)
+            .from_sysroot("/opt/x/libm.so.6")
+            .err()
+            .expect("no run path names /opt/x");
+        assert!(
+            matches!(err, InitramfsError::MissingLibrary { ref library, .. } if library == "libc.so.6"),
+            "{err}"
+        );
+        let mut image = Initramfs::new(&root);
+        image.library_dirs(&[PathBuf::from("/opt/x")]);
+        image
+            .from_sysroot("/opt/x/libm.so.6")
+            .expect("found through the library dir");
+        assert!(image.entries.contains_key(Path::new("/opt/x/libc.so.6")));
     }
 
     #[test]

@@ -64,6 +64,66 @@ const DOM0_MODULES: &[&str] = &[
 ];
 const DOMU_MODULES: &[&str] = &["xen-pcifront", "xen-netfront", "e1000"];
 
+/// Packages for OpenCL on the CPU inside domUs: PoCL (the stand-in GPU's vendor
+/// library, with LLVM), the ICD loader (for native runs beside crane), and what PoCL
+/// runs to link every compiled kernel into a shared object: binutils' `ld` and the
+/// link-time files of libc and libgcc. PoCL needs no compiler driver: it compiles with
+/// the libclang-cpp in its own process and only executes `ld`.
+const OPENCL_PACKAGES: &[&str] = &[
+    "pocl-opencl-icd",
+    "libpocl2",
+    "libpocl2-common",
+    "ocl-icd-libopencl1",
+    "binutils",
+    "binutils-x86-64-linux-gnu",
+    "libc6-dev",
+    "libgcc-12-dev",
+];
+
+/// The directory of PoCL's device plugins. They name each other without a run path
+/// (`libpocl-devices-pthread.so` needs `libpocl-devices-basic.so`, which PoCL loads
+/// first), so image builds look for libraries there too.
+pub const POCL_PLUGIN_DIR: &str = "/usr/lib/x86_64-linux-gnu/pocl";
+
+/// What a domU needs to run OpenCL programs on PoCL, found by tracing PoCL 3.1 running
+/// the corpus (every file it opens and every program it executes):
+/// - the ICD file, libpocl (with LLVM and clang through its ELF dependencies) and the
+///   device plugins;
+/// - the OpenCL C headers PoCL compiles every program with, and its kernel library
+///   bitcode for the CPUs the emulated hosts show domUs (QEMU's `qemu64` model: SSE2,
+///   so PoCL picks `sse2`; `GENERIC` is its fallback). The other variants (AVX and up,
+///   72 MB) are left out;
+/// - `ld` and the files its command line names: libc's and libm's linker scripts with
+///   what they point to, libgcc, and `crtbegin.o`, by which clang's driver recognises
+///   the GCC installation whose directory it passes to `ld`;
+/// - the ICD loader `libOpenCL.so.1`, for running programs natively.
+pub const OPENCL_RUNTIME_PATHS: &[&str] = &[
+    "/etc/OpenCL/vendors/pocl.icd",
+    "/usr/lib/x86_64-linux-gnu/libpocl.so.2",
+    POCL_PLUGIN_DIR,
+    "/usr/share/pocl/include",
+    "/usr/share/pocl/kernel-x86_64-pc-linux-gnu-sse2.bc",
+    "/usr/share/pocl/kernel-x86_64-pc-linux-gnu-GENERIC.bc",
+    "/usr/bin/ld",
+    "/usr/lib/x86_64-linux-gnu/libc.so",
+    "/usr/lib/x86_64-linux-gnu/libc_nonshared.a",
+    "/usr/lib/x86_64-linux-gnu/libm.so",
+    "/lib/x86_64-linux-gnu/libmvec.so.1",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/crtbegin.o",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/libgcc.a",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/libgcc_s.so",
+    "/usr/lib/x86_64-linux-gnu/libOpenCL.so.1",
+];
+
+/// XenStore's command-line client inside a domU (it talks to `/dev/xen/xenbus`), for
+/// services that read their settings from XenStore.
+pub const XENSTORE_CLIENT_PATHS: &[&str] = &[
+    "/usr/bin/xenstore-read",
+    "/usr/bin/xenstore-write",
+    "/usr/bin/xenstore-exists",
+    "/usr/bin/xenstore-ls",
+];
+
 /// Files every dom0 needs, copied with their shared libraries.
 const DOM0_FILES: &[&str] = &[
     "/usr/lib/xen-4.17/bin/xl",
@@ -168,6 +228,9 @@ pub struct ImageSpec {
     pub services: Vec<String>,
     /// Extra locked packages' paths to copy (with their libraries), e.g. PoCL's files.
     pub package_paths: Vec<PathBuf>,
+    /// Directories where libraries are also looked for, after an ELF file's own run
+    /// paths: for plugins that name siblings their host program has loaded first.
+    pub library_dirs: Vec<PathBuf>,
 }
 
 impl ImageSpec {
@@ -193,6 +256,35 @@ impl ImageSpec {
     pub fn service(mut self, command: impl Into<String>) -> Self {
         self.services.push(command.into());
         self
+    }
+
+    /// Copies a path of the locked packages (a file with its libraries, or a whole
+    /// directory).
+    pub fn package_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.package_paths.push(path.into());
+        self
+    }
+
+    /// Looks for libraries in `dir` too (see [`ImageSpec::library_dirs`]).
+    pub fn library_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.library_dirs.push(dir.into());
+        self
+    }
+
+    /// PoCL as the OpenCL vendor, and the ICD loader (see [`OPENCL_RUNTIME_PATHS`]).
+    pub fn opencl_runtime(self) -> Self {
+        OPENCL_RUNTIME_PATHS
+            .iter()
+            .fold(self.library_dir(POCL_PLUGIN_DIR), |spec, path| {
+                spec.package_path(path)
+            })
+    }
+
+    /// XenStore's client tools (see [`XENSTORE_CLIENT_PATHS`]).
+    pub fn xenstore_client(self) -> Self {
+        XENSTORE_CLIENT_PATHS
+            .iter()
+            .fold(self, |spec, path| spec.package_path(path))
     }
 }
 
@@ -284,6 +376,7 @@ impl Builder {
         spec: &ImageSpec,
     ) -> Result<Initramfs<'_>, ImageError> {
         let mut image = Initramfs::new(&self.sysroot);
+        image.library_dirs(&spec.library_dirs);
         image.from_sysroot("/bin/busybox")?;
         for applet in busybox_applets(&self.sysroot)? {
             if applet != Path::new("/bin/busybox") {
@@ -358,12 +451,14 @@ impl Builder {
         Ok(out)
     }
 
-    /// Every locked package whose files the standard images use.
+    /// Every locked package whose files the standard images use: dom0's, and a domU
+    /// with the OpenCL runtime and the XenStore client (the guest's and the proxy's).
     fn packages_used(&self) -> Result<BTreeSet<String>, ImageError> {
         let spec = ImageSpec::default();
         let mut used: BTreeSet<String> = self.dom0_image(&spec)?.packages_used().clone();
+        let domu = ImageSpec::default().opencl_runtime().xenstore_client();
         used.extend(
-            self.base(DOMU_MODULES, GUEST_RC, &spec)?
+            self.base(DOMU_MODULES, GUEST_RC, &domu)?
                 .packages_used()
                 .iter()
                 .cloned(),
@@ -422,6 +517,7 @@ pub fn relock(paths: &Paths) -> Result<Lockfile, ImageError> {
     let mut roots: BTreeSet<String> = BASE_PACKAGES
         .iter()
         .chain(DOM0_PACKAGES)
+        .chain(OPENCL_PACKAGES)
         .map(|s| (*s).to_owned())
         .collect();
     roots.insert(XEN_PACKAGE.to_owned());
