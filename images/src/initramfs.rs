@@ -363,6 +363,100 @@ impl<'s> Initramfs<'s> {
         Ok(())
     }
 
+    /// Whether the image already has something at `path`.
+    pub fn contains(&self, path: impl AsRef<Path>) -> bool {
+        self.entries.contains_key(&normalize(path.as_ref()))
+    }
+
+    /// The image's files and symlinks (directories left out): each path with its
+    /// symlink target, if it is one.
+    pub fn files_and_links(&self) -> Vec<(PathBuf, Option<String>)> {
+        self.entries
+            .iter()
+            .filter_map(|(path, content)| match content {
+                Content::Dir => None,
+                Content::File { .. } => Some((path.clone(), None)),
+                Content::Symlink(target) => Some((path.clone(), Some(target.clone()))),
+            })
+            .collect()
+    }
+
+    /// One line per entry (path, kind, mode, and the source file's size and mtime or
+    /// the bytes' length and hash): equal manifests give equal archives, so builds can
+    /// skip work whose inputs did not change.
+    pub fn manifest(&self) -> String {
+        let mut out = String::new();
+        for (path, content) in &self.entries {
+            let line = match content {
+                Content::Dir => format!("{} dir\n", path.display()),
+                Content::Symlink(target) => format!("{} link {target}\n", path.display()),
+                Content::File { data, mode } => match data {
+                    FileData::Path(source) => {
+                        let meta = std::fs::metadata(source).ok();
+                        let size = meta.as_ref().map_or(0, std::fs::Metadata::len);
+                        let mtime = meta
+                            .and_then(|m| m.modified().ok())
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map_or(0, |d| d.as_nanos());
+                        format!(
+                            "{} file {mode:o} {} {size} {mtime}\n",
+                            path.display(),
+                            source.display()
+                        )
+                    }
+                    FileData::Bytes(bytes) => {
+                        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+                        });
+                        format!(
+                            "{} bytes {mode:o} {} {hash:016x}\n",
+                            path.display(),
+                            bytes.len()
+                        )
+                    }
+                },
+            };
+            out.push_str(&line);
+        }
+        out
+    }
+
+    /// Writes the tree into the empty directory `dir` (as input for a file-system image
+    /// builder): files are hard links to the unpacked packages where the mode allows,
+    /// copies otherwise.
+    pub fn write_tree(&self, dir: &Path) -> Result<(), InitramfsError> {
+        use std::os::unix::fs::PermissionsExt;
+        for (path, content) in &self.entries {
+            let dest = dir.join(path.strip_prefix("/").unwrap_or(path));
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+            }
+            match content {
+                Content::Dir => std::fs::create_dir_all(&dest).map_err(io_err(&dest))?,
+                Content::Symlink(target) => {
+                    std::os::unix::fs::symlink(target, &dest).map_err(io_err(&dest))?;
+                }
+                Content::File { data, mode } => {
+                    match data {
+                        FileData::Path(source) => {
+                            let same_mode = std::fs::metadata(source)
+                                .is_ok_and(|m| m.permissions().mode() & 0o7777 == *mode);
+                            if !(same_mode && std::fs::hard_link(source, &dest).is_ok()) {
+                                std::fs::copy(source, &dest).map_err(io_err(source))?;
+                            }
+                        }
+                        FileData::Bytes(bytes) => {
+                            std::fs::write(&dest, bytes).map_err(io_err(&dest))?;
+                        }
+                    }
+                    std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(*mode))
+                        .map_err(io_err(&dest))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the gzip-compressed newc archive; every directory on the way to an entry
     /// is included, so the archive unpacks without relying on the kernel's defaults.
     pub fn write_gz(&self, out: &Path) -> Result<(), InitramfsError> {

@@ -12,6 +12,7 @@ pub mod apt;
 pub mod cpio;
 pub mod initramfs;
 pub mod lock;
+pub mod squashfs;
 pub mod store;
 
 use std::collections::BTreeSet;
@@ -56,6 +57,9 @@ const DOM0_MODULES: &[&str] = &[
     "xenfs",
     "xen-pciback",
     "xen-netback",
+    // Disk back ends: read-only image files through loop devices (files/block-crane).
+    "xen-blkback",
+    "loop",
     "bridge",
     "tun",
     // The NIC that links emulated hosts (virtio); never the stand-in's e1000.
@@ -65,9 +69,9 @@ const DOM0_MODULES: &[&str] = &[
 const DOMU_MODULES: &[&str] = &["xen-pcifront", "xen-netfront", "e1000"];
 
 /// Packages for OpenCL on the CPU inside domUs: PoCL (the stand-in GPU's vendor
-/// library, with LLVM), the ICD loader (for native runs beside crane), and what PoCL
-/// runs to link every compiled kernel into a shared object: binutils' `ld` and the
-/// link-time files of libc and libgcc. PoCL needs no compiler driver: it compiles with
+/// library, with LLVM), the ICD loader (for native runs beside crane) and clinfo, and
+/// what PoCL runs to link every compiled kernel into a shared object: binutils' `ld`
+/// and the link-time files of libc and libgcc. PoCL needs no compiler driver: it compiles with
 /// the libclang-cpp in its own process and only executes `ld`.
 const OPENCL_PACKAGES: &[&str] = &[
     "pocl-opencl-icd",
@@ -78,6 +82,7 @@ const OPENCL_PACKAGES: &[&str] = &[
     "binutils-x86-64-linux-gnu",
     "libc6-dev",
     "libgcc-12-dev",
+    "clinfo",
 ];
 
 /// The directory of PoCL's device plugins. They name each other without a run path
@@ -96,7 +101,7 @@ pub const POCL_PLUGIN_DIR: &str = "/usr/lib/x86_64-linux-gnu/pocl";
 /// - `ld` and the files its command line names: libc's and libm's linker scripts with
 ///   what they point to, libgcc, and `crtbegin.o`, by which clang's driver recognises
 ///   the GCC installation whose directory it passes to `ld`;
-/// - the ICD loader `libOpenCL.so.1`, for running programs natively.
+/// - the ICD loader `libOpenCL.so.1`, for running programs natively, and `clinfo`.
 pub const OPENCL_RUNTIME_PATHS: &[&str] = &[
     "/etc/OpenCL/vendors/pocl.icd",
     "/usr/lib/x86_64-linux-gnu/libpocl.so.2",
@@ -113,6 +118,7 @@ pub const OPENCL_RUNTIME_PATHS: &[&str] = &[
     "/usr/lib/gcc/x86_64-linux-gnu/12/libgcc.a",
     "/usr/lib/gcc/x86_64-linux-gnu/12/libgcc_s.so",
     "/usr/lib/x86_64-linux-gnu/libOpenCL.so.1",
+    "/usr/bin/clinfo",
 ];
 
 /// XenStore's command-line client inside a domU (it talks to `/dev/xen/xenbus`), for
@@ -159,6 +165,7 @@ const RC_COMMON: &str = include_str!("../files/rc.sysinit.common");
 const DOM0_RC: &str = include_str!("../files/dom0.rc.sysinit");
 const GUEST_RC: &str = include_str!("../files/guest.rc.sysinit");
 const VIF_SCRIPT: &str = include_str!("../files/vif-crane");
+const BLOCK_SCRIPT: &str = include_str!("../files/block-crane");
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -181,6 +188,8 @@ pub enum ImageError {
     NoKernelImage(String),
     #[error("busybox from the locked package did not list its applets: {0}")]
     Busybox(String),
+    #[error(transparent)]
+    Squashfs(#[from] squashfs::SquashfsError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
@@ -225,12 +234,33 @@ pub struct ExtraFile {
 pub struct ImageSpec {
     pub files: Vec<ExtraFile>,
     pub texts: Vec<(PathBuf, String, u32)>,
+    /// Symbolic links: (path, target).
+    pub symlinks: Vec<(PathBuf, String)>,
     pub services: Vec<String>,
     /// Extra locked packages' paths to copy (with their libraries), e.g. PoCL's files.
     pub package_paths: Vec<PathBuf>,
     /// Directories where libraries are also looked for, after an ELF file's own run
     /// paths: for plugins that name siblings their host program has loaded first.
     pub library_dirs: Vec<PathBuf>,
+    /// Kernel modules to load besides the image's standard ones.
+    pub modules: Vec<String>,
+    /// Read-only disks the domU mounts at boot, their files reachable at their usual
+    /// paths (see [`ImageSpec::read_only_disk`]).
+    pub disks: Vec<ReadOnlyDisk>,
+}
+
+/// A read-only disk image for domUs, made by [`Builder::read_only_disk`] from locked
+/// files: dom0 serves it as a block device, the domU mounts it at boot.
+#[derive(Debug, Clone)]
+pub struct ReadOnlyDisk {
+    /// The squashfs image.
+    pub image: PathBuf,
+    /// The domU's name for the device: the domain configuration's `vdev`.
+    pub vdev: String,
+    /// Where the domU mounts it.
+    pub mountpoint: PathBuf,
+    /// Every file and symlink on it, by installed path (symlinks with their targets).
+    pub entries: Vec<(PathBuf, Option<String>)>,
 }
 
 impl ImageSpec {
@@ -245,6 +275,11 @@ impl ImageSpec {
 
     pub fn text(mut self, dest: impl Into<PathBuf>, text: impl Into<String>, mode: u32) -> Self {
         self.texts.push((dest.into(), text.into(), mode));
+        self
+    }
+
+    pub fn symlink(mut self, path: impl Into<PathBuf>, target: impl Into<String>) -> Self {
+        self.symlinks.push((path.into(), target.into()));
         self
     }
 
@@ -269,6 +304,20 @@ impl ImageSpec {
     pub fn library_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.library_dirs.push(dir.into());
         self
+    }
+
+    pub fn module(mut self, name: impl Into<String>) -> Self {
+        self.modules.push(name.into());
+        self
+    }
+
+    /// Mounts `disk` at boot and makes its files appear at their installed paths: the
+    /// initramfs gets the disk's symlinks and, for every file, a symlink into the mount
+    /// point (paths the image already has keep the image's own copy). Adds the modules
+    /// for the block front end and squashfs.
+    pub fn read_only_disk(mut self, disk: &ReadOnlyDisk) -> Self {
+        self.disks.push(disk.clone());
+        self.module("xen-blkfront").module("squashfs")
     }
 
     /// PoCL as the OpenCL vendor, and the ICD loader (see [`OPENCL_RUNTIME_PATHS`]).
@@ -387,6 +436,11 @@ impl Builder {
         for path in BASE_FILES {
             image.from_sysroot(path)?;
         }
+        let modules: Vec<&str> = modules
+            .iter()
+            .copied()
+            .chain(spec.modules.iter().map(String::as_str))
+            .collect();
         for dir in [
             "/proc",
             "/sys",
@@ -398,7 +452,7 @@ impl Builder {
         ] {
             image.dir(dir);
         }
-        let order = image.modules(modules)?;
+        let order = image.modules(&modules)?;
         let list: String = order.iter().map(|p| format!("{}\n", p.display())).collect();
         image.bytes("/etc/crane/modules", list, 0o644);
         image.bytes("/etc/crane/rc.sysinit.common", RC_COMMON, 0o644);
@@ -420,6 +474,35 @@ impl Builder {
         for (dest, text, mode) in &spec.texts {
             image.bytes(dest, text.clone(), *mode);
         }
+        for (path, target) in &spec.symlinks {
+            image.symlink(path, target);
+        }
+        let mut disks = String::new();
+        for disk in &spec.disks {
+            for (path, link) in &disk.entries {
+                if image.contains(path) {
+                    continue;
+                }
+                let target = match link {
+                    Some(target) => target.clone(),
+                    None => disk
+                        .mountpoint
+                        .join(path.strip_prefix("/").unwrap_or(path))
+                        .display()
+                        .to_string(),
+                };
+                image.symlink(path, &target);
+            }
+            image.dir(&disk.mountpoint);
+            disks.push_str(&format!(
+                "{} squashfs {}\n",
+                disk.vdev,
+                disk.mountpoint.display()
+            ));
+        }
+        if !disks.is_empty() {
+            image.bytes("/etc/crane/disks", disks, 0o644);
+        }
         Ok(image)
     }
 
@@ -431,6 +514,7 @@ impl Builder {
         image.symlink("/usr/sbin/xl", "/usr/lib/xen-4.17/bin/xl");
         image.symlink("/bin/bash", "/bin/busybox");
         image.bytes("/etc/xen/scripts/vif-crane", VIF_SCRIPT, 0o755);
+        image.bytes("/etc/xen/scripts/block-crane", BLOCK_SCRIPT, 0o755);
         image.bytes("/etc/xen/xl.conf", "autoballoon=\"off\"\n", 0o644);
         Ok(image)
     }
@@ -449,6 +533,49 @@ impl Builder {
         let out = self.paths.out.join(format!("{name}.cpio.gz"));
         self.base(DOMU_MODULES, GUEST_RC, spec)?.write_gz(&out)?;
         Ok(out)
+    }
+
+    /// A read-only disk holding `spec`'s package paths with their libraries, packed
+    /// into `NAME.sqfs`; the domU calls the device `vdev` and mounts it at
+    /// `mountpoint`. Packing is skipped when the disk's contents did not change.
+    pub fn read_only_disk(
+        &self,
+        name: &str,
+        spec: &ImageSpec,
+        vdev: &str,
+        mountpoint: &str,
+    ) -> Result<ReadOnlyDisk, ImageError> {
+        let mut tree = Initramfs::new(&self.sysroot);
+        tree.library_dirs(&spec.library_dirs);
+        for path in &spec.package_paths {
+            tree.from_sysroot(path)?;
+        }
+        let out = self.paths.out.join(format!("{name}.sqfs"));
+        let manifest = format!("{}\n{}", squashfs::options().join(" "), tree.manifest());
+        let manifest_path = self.paths.out.join(format!("{name}.sqfs.manifest"));
+        let unchanged =
+            out.exists() && std::fs::read_to_string(&manifest_path).is_ok_and(|m| m == manifest);
+        if !unchanged {
+            // Unique per process: a test and `testbed up` may build at the same time.
+            let staging = self
+                .paths
+                .out
+                .join(format!("{name}.tree.{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&staging);
+            tree.write_tree(&staging)?;
+            let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+            let packed = squashfs::pack(&self.paths.cache, &staging, &tmp);
+            let _ = std::fs::remove_dir_all(&staging);
+            packed?;
+            std::fs::rename(&tmp, &out).map_err(io_err(&out))?;
+            std::fs::write(&manifest_path, &manifest).map_err(io_err(&manifest_path))?;
+        }
+        Ok(ReadOnlyDisk {
+            image: out,
+            vdev: vdev.to_owned(),
+            mountpoint: PathBuf::from(mountpoint),
+            entries: tree.files_and_links(),
+        })
     }
 
     /// Every locked package whose files the standard images use: dom0's, and a domU
