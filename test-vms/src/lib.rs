@@ -5,7 +5,11 @@
 //! [`EmulatedHost`] directly. docs/testbed.md explains the whole tier.
 
 pub mod control;
+pub mod domus;
 pub mod host;
+pub mod scenario;
+pub mod session;
+pub mod xl;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,9 +23,11 @@ pub use host::{EmulatedHost, GUEST_STANDIN_BDF, HostConfig, Lifetime, PROXY_STAN
 const RUNNER: &str = include_str!("../files/crane-runner");
 const GUEST_RUN: &str = include_str!("../files/crane-guest-run");
 
-/// Where dom0 finds the domU kernel and initramfs.
+/// Where dom0 finds the domU kernel and initramfs images (see [`domus`]): the GPU
+/// guest carrying crane, and the proxy domain.
 pub const GUEST_KERNEL: &str = "/guest/vmlinuz";
-pub const GUEST_INITRD: &str = "/guest/guest.cpio.gz";
+pub const CRANE_GUEST_INITRD: &str = "/guest/crane-guest.cpio.gz";
+pub const PROXY_INITRD: &str = "/guest/crane-proxy.cpio.gz";
 
 /// The workspace root (this crate sits one level below it).
 pub fn workspace_root() -> PathBuf {
@@ -45,26 +51,53 @@ pub fn ensure_qemu(paths: &Paths) -> anyhow::Result<()> {
 }
 
 /// Builds the testbed's images: the standard ones plus the command runner in every
-/// domain, and the domU kernel and initramfs inside dom0.
-pub fn build_images(paths: &Paths) -> anyhow::Result<Images> {
+/// domain, and inside dom0 the domU kernel, the two domU images and the OpenCL disk
+/// (see [`domus`]), after building the crane programs they carry.
+pub fn build_images(paths: &Paths) -> anyhow::Result<TestbedImages> {
+    let artifacts = domus::CraneArtifacts::build()?;
     let builder = crane_images::Builder::new(paths.clone()).context("loading the image lock")?;
-    let guest_spec = ImageSpec::default()
-        .text("/usr/sbin/crane-runner", RUNNER, 0o755)
-        .service("/usr/sbin/crane-runner /dev/hvc0");
-    let guest_initrd = builder.domu("guest", &guest_spec)?;
+    let opencl = domus::opencl_disk(&builder).context("building the OpenCL runtime disk")?;
+    let crane_guest = builder
+        .domu("crane-guest", &domus::guest_spec(&artifacts, &opencl)?)
+        .context("building the GPU guest's image")?;
+    let proxy = builder
+        .domu("crane-proxy", &domus::proxy_spec(&artifacts, &opencl))
+        .context("building the proxy domain's image")?;
     let kernel = builder.kernel()?;
     let dom0_spec = ImageSpec::default()
         .text("/usr/sbin/crane-runner", RUNNER, 0o755)
         .text("/usr/sbin/crane-guest-run", GUEST_RUN, 0o755)
         .file(&kernel, GUEST_KERNEL, 0o644)
-        .file(&guest_initrd, GUEST_INITRD, 0o644)
+        .file(&crane_guest, CRANE_GUEST_INITRD, 0o644)
+        .file(&proxy, PROXY_INITRD, 0o644)
+        .file(&opencl.image, domus::OPENCL_DISK, 0o444)
         .service("/usr/sbin/crane-runner /dev/ttyS1");
-    Ok(Images {
-        xen: builder.xen()?,
-        dom0_initrd: builder.dom0(&dom0_spec)?,
-        kernel,
-        guest_initrd,
+    Ok(TestbedImages {
+        boot: Images {
+            xen: builder.xen()?,
+            dom0_initrd: builder.dom0(&dom0_spec)?,
+            kernel,
+            guest_initrd: crane_guest,
+        },
+        proxy_initrd: proxy,
+        opencl_disk: opencl.image,
     })
+}
+
+/// `cargo xtask demo` on emulated Xen hosts (1 or 2, owned by this process): the
+/// scenario of [`scenario`], each phase printed as it ends.
+pub fn demo(hosts: usize, app: &scenario::App) -> anyhow::Result<scenario::Report> {
+    let mut session = session::Session::boot("demo-host", hosts)?;
+    scenario::run(&mut session, app)
+}
+
+/// What [`build_images`] makes: what QEMU boots, and the domU images dom0 carries.
+#[derive(Debug, Clone)]
+pub struct TestbedImages {
+    /// Xen, the kernel, dom0's initramfs and (as `guest_initrd`) the GPU guest's.
+    pub boot: Images,
+    pub proxy_initrd: PathBuf,
+    pub opencl_disk: PathBuf,
 }
 
 /// Host configurations for `count` hosts with state under `dir_of(index)`; with two
@@ -91,7 +124,11 @@ pub fn boot_owned_hosts(prefix: &str, count: usize) -> anyhow::Result<Vec<Emulat
     for config in &mut configs {
         config.port_base += 50;
     }
-    Ok(EmulatedHost::boot_all(&configs, &images, Lifetime::Owned)?)
+    Ok(EmulatedHost::boot_all(
+        &configs,
+        &images.boot,
+        Lifetime::Owned,
+    )?)
 }
 
 /// The state directory of a host that a test owns, apart from the `testbed up` ones.
@@ -117,7 +154,7 @@ usage: cargo xtask testbed <command>
   logs                 copy the domUs' console logs to target/testbed/hostI/consoles
   status               say which hosts are running
   down                 stop the emulated hosts
-  e2e                  run the end-to-end tier (two hosts; about 4 minutes)";
+  e2e                  run the end-to-end tier (two hosts; see docs/testbed.md)";
 
 /// Entry point for `cargo xtask testbed ARGS...`.
 pub fn cli(args: &[String]) -> anyhow::Result<()> {
@@ -132,10 +169,12 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             let started = Instant::now();
             let images = build_images(&paths)?;
             for path in [
-                &images.xen,
-                &images.kernel,
-                &images.dom0_initrd,
-                &images.guest_initrd,
+                &images.boot.xen,
+                &images.boot.kernel,
+                &images.boot.dom0_initrd,
+                &images.boot.guest_initrd,
+                &images.proxy_initrd,
+                &images.opencl_disk,
             ] {
                 println!(
                     "{}  {}",
@@ -232,8 +271,11 @@ fn up(paths: &Paths, count: usize) -> anyhow::Result<()> {
     })
     .context("installing the signal handler")?;
     let boot_started = Instant::now();
-    let hosts =
-        EmulatedHost::boot_all(&host_configs(count, state_dir), &images, Lifetime::Detached)?;
+    let hosts = EmulatedHost::boot_all(
+        &host_configs(count, state_dir),
+        &images.boot,
+        Lifetime::Detached,
+    )?;
     for (index, host) in hosts.iter().enumerate() {
         eprintln!(
             "testbed: host{index} dom0 ({}) answering after {:.1}s (pid {}, state in {})",

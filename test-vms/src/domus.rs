@@ -1,0 +1,272 @@
+//! What the testbed's domUs run, and the images that carry it:
+//!
+//! - the plain domU: busybox, the stand-in's driver and the command runner (the Xen
+//!   plumbing tier boots its proxy and guest from it: small images boot and migrate
+//!   fastest);
+//! - the GPU guest (HVM): PoCL, crane's interposer as the guest's `libOpenCL.so.1`
+//!   (drop-in: `/usr/lib/crane` first in the library path, set in `/etc/profile`),
+//!   `cranectl` and the OpenCL test programs in `/usr/lib/crane/testapps`;
+//! - the proxy domain (PV): PoCL and `crane-proxy`, started at boot with its listen
+//!   address and token read from XenStore (files/crane-proxy-start). Until the proxy
+//!   binary exists (`target/release/crane-proxy`), a placeholder records how it was
+//!   started.
+//!
+//! PoCL with LLVM (260 MB) comes on a read-only disk that both domains mount
+//! ([`opencl_disk`]); their initramfs images hold links to it.
+//!
+//! The binaries come from this workspace's builds ([`CraneArtifacts::build`]): the build
+//! machine is Debian 12 like the images, and the image builder checks every symbol
+//! version they need against the locked libraries.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, bail, ensure};
+use crane_images::ImageSpec;
+
+const RUNNER: &str = include_str!("../files/crane-runner");
+const GUEST_PROFILE: &str = include_str!("../files/guest-profile");
+const PROXY_START: &str = include_str!("../files/crane-proxy-start");
+const PROXY_PLACEHOLDER: &str = include_str!("../files/crane-proxy-placeholder");
+
+/// Where the GPU guest keeps crane's interposer; `libOpenCL.so.1` there is a link to it.
+pub const GUEST_CRANE_DIR: &str = "/usr/lib/crane";
+/// The test programs inside the GPU guest.
+pub const GUEST_TESTAPPS_DIR: &str = "/usr/lib/crane/testapps";
+/// Files the proxy's start script writes: the address it read, the token file, and
+/// (placeholder only) the arguments the proxy got.
+pub const PROXY_STATE_DIR: &str = "/run/crane/proxy";
+/// The provisional XenStore directory (below `/local/domain/<domid>`) holding the
+/// proxy's `listen` and `token` keys; see files/crane-proxy-start.
+pub const PROXY_XENSTORE_DIR: &str = "crane/proxy";
+
+/// The programs built from this workspace that the images carry.
+#[derive(Debug, Clone)]
+pub struct CraneArtifacts {
+    pub interposer: PathBuf,
+    pub cranectl: PathBuf,
+    /// Output of testapps/build.sh (C programs only), with `programs.list`.
+    pub testapps: PathBuf,
+    /// `crane-proxy`, when the workspace has built it.
+    pub proxy: Option<PathBuf>,
+}
+
+/// The cargo target directory (`CARGO_TARGET_DIR`, or `target/` of the workspace).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::workspace_root().join("target"))
+}
+
+impl CraneArtifacts {
+    /// Builds the interposer and cranectl (release) and the C test programs, unless
+    /// they are up to date, and finds `crane-proxy` if it was built.
+    pub fn build() -> anyhow::Result<Self> {
+        let root = crate::workspace_root();
+        let target = target_dir();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(&cargo)
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "crane-opencl",
+                "-p",
+                "cranectl",
+            ])
+            .current_dir(&root)
+            .status()
+            .with_context(|| format!("running {cargo} build"))?;
+        ensure!(
+            status.success(),
+            "cargo build of the guest's crane programs failed"
+        );
+        let testapps = target.join("testbed/testapps");
+        if testapps_stale(&root.join("testapps/c"), &testapps) {
+            let status = Command::new("bash")
+                .arg(root.join("testapps/build.sh"))
+                .arg(&testapps)
+                // The guest runs the C programs; the Rust one would cost a cargo build.
+                .env("CRANE_TESTAPPS_SKIP_RUST", "1")
+                .stdout(std::process::Stdio::null())
+                .status()
+                .context("running testapps/build.sh")?;
+            ensure!(status.success(), "testapps/build.sh failed");
+        }
+        let release = target.join("release");
+        let proxy = release.join("crane-proxy");
+        Ok(Self {
+            interposer: release.join("libcrane_opencl.so"),
+            cranectl: release.join("cranectl"),
+            testapps,
+            proxy: proxy.is_file().then_some(proxy),
+        })
+    }
+
+    /// The test programs' names (from `programs.list`).
+    pub fn programs(&self) -> anyhow::Result<Vec<String>> {
+        let list = self.testapps.join("programs.list");
+        let text = std::fs::read_to_string(&list)
+            .with_context(|| format!("reading {}", list.display()))?;
+        let programs: Vec<String> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_owned)
+            .collect();
+        if programs.is_empty() {
+            bail!("{} lists no programs", list.display());
+        }
+        Ok(programs)
+    }
+}
+
+/// Whether the test programs in `out` are missing or older than a source file.
+fn testapps_stale(sources: &Path, out: &Path) -> bool {
+    let built = std::fs::metadata(out.join("programs.list")).and_then(|m| m.modified());
+    let Ok(built) = built else { return true };
+    let Ok(entries) = std::fs::read_dir(sources) else {
+        return true;
+    };
+    entries.flatten().any(|e| {
+        e.metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > built)
+    })
+}
+
+/// Where dom0 keeps the OpenCL runtime disk, and what the domUs call and mount it as.
+pub const OPENCL_DISK: &str = "/guest/opencl.sqfs";
+pub const OPENCL_DISK_VDEV: &str = "xvde";
+pub const OPENCL_DISK_MOUNT: &str = "/media/opencl";
+
+/// The read-only disk with PoCL, LLVM, the ICD loader and what PoCL links kernels
+/// with ([`crane_images::OPENCL_RUNTIME_PATHS`]).
+pub fn opencl_disk(
+    builder: &crane_images::Builder,
+) -> Result<crane_images::ReadOnlyDisk, crane_images::ImageError> {
+    builder.read_only_disk(
+        "opencl",
+        &ImageSpec::default().opencl_runtime(),
+        OPENCL_DISK_VDEV,
+        OPENCL_DISK_MOUNT,
+    )
+}
+
+/// Every domU: the command runner on its Xen console.
+pub fn plain_spec() -> ImageSpec {
+    ImageSpec::default()
+        .text("/usr/sbin/crane-runner", RUNNER, 0o755)
+        .service("/usr/sbin/crane-runner /dev/hvc0")
+}
+
+/// The GPU guest: PoCL, crane as the drop-in `libOpenCL.so.1`, cranectl, test programs.
+pub fn guest_spec(
+    artifacts: &CraneArtifacts,
+    opencl: &crane_images::ReadOnlyDisk,
+) -> anyhow::Result<ImageSpec> {
+    let mut spec = plain_spec()
+        .read_only_disk(opencl)
+        .file(
+            &artifacts.interposer,
+            format!("{GUEST_CRANE_DIR}/libcrane_opencl.so"),
+            0o755,
+        )
+        .symlink(
+            format!("{GUEST_CRANE_DIR}/libOpenCL.so.1"),
+            "libcrane_opencl.so",
+        )
+        .file(&artifacts.cranectl, "/usr/bin/cranectl", 0o755)
+        .text("/etc/profile", GUEST_PROFILE, 0o644);
+    for program in artifacts.programs()? {
+        spec = spec.file(
+            artifacts.testapps.join(&program),
+            format!("{GUEST_TESTAPPS_DIR}/{program}"),
+            0o755,
+        );
+    }
+    Ok(spec)
+}
+
+/// The proxy domain: PoCL, the XenStore client, crane-proxy (or its placeholder) and
+/// the service that starts it with its settings from XenStore.
+pub fn proxy_spec(artifacts: &CraneArtifacts, opencl: &crane_images::ReadOnlyDisk) -> ImageSpec {
+    let spec = plain_spec()
+        .read_only_disk(opencl)
+        .xenstore_client()
+        .text("/usr/sbin/crane-proxy-start", PROXY_START, 0o755)
+        .service("/usr/sbin/crane-proxy-start");
+    match &artifacts.proxy {
+        Some(binary) => spec.file(binary, "/usr/sbin/crane-proxy", 0o755),
+        None => spec.text("/usr/sbin/crane-proxy", PROXY_PLACEHOLDER, 0o755),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn testapps_are_stale_when_missing_or_older_than_a_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let sources = dir.path().join("c");
+        let out = dir.path().join("out");
+        std::fs::create_dir_all(&sources).unwrap();
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(sources.join("a.c"), "int main(void){return 0;}").unwrap();
+        assert!(testapps_stale(&sources, &out), "nothing built yet");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(out.join("programs.list"), "a\n").unwrap();
+        assert!(!testapps_stale(&sources, &out));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(sources.join("a.c"), "int main(void){return 1;}").unwrap();
+        assert!(testapps_stale(&sources, &out), "a source changed");
+    }
+
+    #[test]
+    fn proxy_image_uses_the_built_proxy_or_the_placeholder() {
+        let mut artifacts = CraneArtifacts {
+            interposer: "/t/libcrane_opencl.so".into(),
+            cranectl: "/t/cranectl".into(),
+            testapps: "/t/testapps".into(),
+            proxy: None,
+        };
+        let disk = crane_images::ReadOnlyDisk {
+            image: "/t/opencl.sqfs".into(),
+            vdev: OPENCL_DISK_VDEV.into(),
+            mountpoint: OPENCL_DISK_MOUNT.into(),
+            entries: vec![("/usr/bin/clinfo".into(), None)],
+        };
+        let spec = proxy_spec(&artifacts, &disk);
+        assert_eq!(spec.disks.len(), 1);
+        assert!(spec.modules.contains(&"xen-blkfront".to_owned()));
+        assert!(
+            spec.texts
+                .iter()
+                .any(|(path, text, _)| path == Path::new("/usr/sbin/crane-proxy")
+                    && text.contains("placeholder"))
+        );
+        assert!(
+            spec.services
+                .contains(&"/usr/sbin/crane-proxy-start".to_owned())
+        );
+        assert!(
+            spec.package_paths
+                .contains(&PathBuf::from("/usr/bin/xenstore-read"))
+        );
+        artifacts.proxy = Some("/t/crane-proxy".into());
+        let spec = proxy_spec(&artifacts, &disk);
+        assert!(
+            spec.files
+                .iter()
+                .any(|f| f.dest == Path::new("/usr/sbin/crane-proxy")
+                    && f.source == Path::new("/t/crane-proxy"))
+        );
+        assert!(
+            !spec
+                .texts
+                .iter()
+                .any(|(path, _, _)| path == Path::new("/usr/sbin/crane-proxy"))
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! A run on emulated hosts that this process owns: the hosts, a phase clock whose
+//! timings end up in `timings.txt`, and command helpers that turn a failed command
+//! into an error carrying its output. The end-to-end tier and `cargo xtask demo` both
+//! drive their hosts through it.
+//!
+//! Dropping a session collects every domU's console log (for the post-mortem of a
+//! failed run), writes the timings, and then drops the hosts, which kills their QEMUs.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+
+use crate::{CommandOutput, EmulatedHost};
+
+/// How long a dom0 command may take unless a caller says otherwise.
+pub const DOM0_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long a domU command may take unless a caller says otherwise.
+pub const DOMU_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct Session {
+    pub hosts: Vec<EmulatedHost>,
+    started: Instant,
+    phase_started: Instant,
+    timings: Vec<(String, Duration)>,
+}
+
+impl Session {
+    /// Builds the images and boots `count` hosts (1 or 2) with their state in
+    /// `target/testbed/PREFIX0`, ...; they die with this process.
+    pub fn boot(prefix: &str, count: usize) -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let hosts = crate::boot_owned_hosts(prefix, count)?;
+        let mut session = Self {
+            hosts,
+            started,
+            phase_started: started,
+            timings: Vec::new(),
+        };
+        session.phase(&format!("build images and boot {count} Xen host(s)"));
+        Ok(session)
+    }
+
+    /// Ends the current phase: records and prints its wall time.
+    pub fn phase(&mut self, name: &str) {
+        let now = Instant::now();
+        let took = now - self.phase_started;
+        self.timings.push((name.to_owned(), took));
+        eprintln!(
+            "[{:>6.1}s] {name}: {:.1}s",
+            self.started.elapsed().as_secs_f64(),
+            took.as_secs_f64()
+        );
+        self.phase_started = now;
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn timings(&self) -> &[(String, Duration)] {
+        &self.timings
+    }
+
+    fn host(&self, host: usize) -> anyhow::Result<&EmulatedHost> {
+        self.hosts
+            .get(host)
+            .with_context(|| format!("this session has no host {host}"))
+    }
+
+    /// Runs a script in dom0 of `host`; its stdout, or an error on a non-zero status.
+    pub fn dom0(&self, host: usize, script: &str) -> anyhow::Result<String> {
+        let out = self.host(host)?.run(script, DOM0_TIMEOUT)?;
+        check(&format!("dom0 of host {host}"), script, &out)
+    }
+
+    /// Runs a script in dom0 of `host` and returns its whole output, whatever its status.
+    pub fn try_dom0(&self, host: usize, script: &str) -> anyhow::Result<CommandOutput> {
+        Ok(self.host(host)?.run(script, DOM0_TIMEOUT)?)
+    }
+
+    /// Runs a script in the domU `domain` on `host` (via its console runner); its
+    /// stdout, or an error on a non-zero status.
+    pub fn domu(&self, host: usize, domain: &str, script: &str) -> anyhow::Result<String> {
+        self.domu_timeout(host, domain, script, DOMU_TIMEOUT)
+    }
+
+    pub fn domu_timeout(
+        &self,
+        host: usize,
+        domain: &str,
+        script: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        let out = self.try_domu(host, domain, script, timeout)?;
+        check(&format!("{domain} on host {host}"), script, &out)
+    }
+
+    /// Runs a script in a domU and returns its whole output, whatever its status.
+    pub fn try_domu(
+        &self,
+        host: usize,
+        domain: &str,
+        script: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<CommandOutput> {
+        Ok(self.host(host)?.run_in_domain(domain, script, timeout)?)
+    }
+
+    /// Polls a domU until `check` accepts the stdout of `script` (guests under software
+    /// emulation take seconds to boot, to probe a device, to finish a program).
+    pub fn wait_domu(
+        &self,
+        host: usize,
+        domain: &str,
+        script: &str,
+        limit: Duration,
+        accept: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < limit {
+            match self.host(host)?.poll_domain(
+                domain,
+                script,
+                Duration::from_secs(20),
+                Duration::from_secs(4),
+            ) {
+                Ok(out) => {
+                    last = format!(
+                        "status {}: {}{}",
+                        out.status,
+                        out.stdout_text(),
+                        out.stderr_text()
+                    );
+                    if out.success() && accept(&out.stdout_text()) {
+                        return Ok(out.stdout_text());
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        bail!(
+            "{domain} on host {host}: `{script}` did not reach the expected state in {limit:?}; \
+             last: {last}"
+        )
+    }
+
+    /// Where the timings of this session are written.
+    pub fn timings_path(&self) -> Option<PathBuf> {
+        self.hosts
+            .first()
+            .map(|h| h.state_dir().join("timings.txt"))
+    }
+}
+
+fn check(place: &str, script: &str, out: &CommandOutput) -> anyhow::Result<String> {
+    if !out.success() {
+        bail!(
+            "{place}: script failed with status {}:\n{script}\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            out.stdout_text(),
+            out.stderr_text()
+        );
+    }
+    Ok(out.stdout_text())
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Keep the domUs' consoles for the post-mortem when a check failed.
+        for host in &self.hosts {
+            if let Ok(paths) = host.collect_logs() {
+                for path in paths {
+                    eprintln!("console log: {}", path.display());
+                }
+            }
+        }
+        let report: String = self
+            .timings
+            .iter()
+            .map(|(name, d)| format!("{:>7.1}s  {name}\n", d.as_secs_f64()))
+            .collect();
+        if let Some(path) = self.timings_path() {
+            let _ = std::fs::write(path, report);
+        }
+    }
+}
