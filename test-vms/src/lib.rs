@@ -9,6 +9,7 @@ pub mod domus;
 pub mod host;
 pub mod scenario;
 pub mod session;
+pub mod tier;
 pub mod xl;
 
 use std::path::{Path, PathBuf};
@@ -118,7 +119,7 @@ pub fn host_configs(count: usize, dir_of: impl Fn(usize) -> PathBuf) -> Vec<Host
 pub fn boot_owned_hosts(prefix: &str, count: usize) -> anyhow::Result<Vec<EmulatedHost>> {
     anyhow::ensure!((1..=2).contains(&count), "the testbed runs 1 or 2 hosts");
     let paths = Paths::in_workspace(&workspace_root());
-    ensure_qemu(&paths)?;
+    tier::ensure_host_tools(&paths)?;
     let images = build_images(&paths)?;
     let mut configs = host_configs(count, |i| test_state_dir(&format!("{prefix}{i}")));
     for config in &mut configs {
@@ -228,25 +229,12 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
                 println!("stopped {}", dir.display());
             }
         }
-        Some("e2e") => {
-            let status = std::process::Command::new(
-                std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
-            )
-            .args([
-                "test",
-                "-p",
-                "crane-test-vms",
-                "--test",
-                "xen_host",
-                "--",
-                "--nocapture",
-            ])
-            .env("CRANE_E2E", "1")
-            .current_dir(&root)
-            .status()
-            .context("running cargo test")?;
-            std::process::exit(status.code().unwrap_or(1));
-        }
+        Some("e2e") => match tier::prepare() {
+            tier::Readiness::Ready => tier::run()?,
+            tier::Readiness::Skip(reason) => {
+                anyhow::bail!("the end-to-end tier cannot run here: {reason}")
+            }
+        },
         _ => anyhow::bail!("{USAGE}"),
     }
     Ok(())
@@ -254,7 +242,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
 
 fn up(paths: &Paths, count: usize) -> anyhow::Result<()> {
     anyhow::ensure!((1..=2).contains(&count), "the testbed runs 1 or 2 hosts");
-    ensure_qemu(paths)?;
+    tier::ensure_host_tools(paths)?;
     let started = Instant::now();
     let images = build_images(paths)?;
     eprintln!(

@@ -1,9 +1,14 @@
 //! `cargo xtask`: the project's build, test and demo driver.
 //!
 //! * `cargo xtask test` — everything CI runs: formatting, clippy, unit and
-//!   integration tests (the OpenCL corpus on PoCL).
-//! * `cargo xtask demo` — an OpenCL app suspended (GPU state in RAM, vendor
-//!   library unloaded) and resumed many times, checked against a native run.
+//!   integration tests (the OpenCL corpus on PoCL), then the end-to-end tier on
+//!   emulated Xen hosts (skipped, loudly, where this machine cannot run it;
+//!   `CRANE_REQUIRE_E2E=1` makes that an error).
+//! * `cargo xtask demo [--hosts 2]` — on an emulated Xen host: an OpenCL app in a
+//!   guest suspended by crane (GPU state in RAM, vendor library unloaded), the GPU
+//!   detached, the guest live-migrated, a GPU attached, the app resumed, its result
+//!   checked against a native run. Where no emulated host can run, or with
+//!   `--local [--app PATH -- ARGS]`: the same cycle on this machine without a VM.
 //! * `cargo xtask bench [RUNS]` — added nanoseconds per call versus native.
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
 
@@ -12,6 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use crane_test_vms::tier::{self, Readiness};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -87,22 +93,63 @@ fn test() -> Result<()> {
     let t = Instant::now();
     ensure_packages()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    // CRANE_E2E=1 would turn the end-to-end tests on inside the fast tiers.
+    run(cargo()
+        .args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env_remove(tier::E2E_ENV))?;
     // The integration tier loads the cdylib, which `cargo test` does not build.
     run(cargo().args(["build", "-p", "crane-opencl"]))?;
-    run(cargo().args(["test", "--workspace"]))?;
+    run(cargo()
+        .args(["test", "--workspace"])
+        .env_remove(tier::E2E_ENV))?;
     eprintln!(
-        "xtask: all tiers passed in {:.0} s",
+        "xtask: unit and integration tiers passed in {:.0} s; now the end-to-end tier",
+        t.elapsed().as_secs_f64()
+    );
+    match tier::prepare() {
+        Readiness::Ready => tier::run()?,
+        Readiness::Skip(reason) => {
+            announce_skip(&reason);
+            if std::env::var(tier::REQUIRE_ENV).as_deref() == Ok("1") {
+                bail!(
+                    "the end-to-end tier was skipped ({reason}), and {}=1 requires it",
+                    tier::REQUIRE_ENV
+                );
+            }
+            eprintln!(
+                "xtask: unit and integration tiers passed in {:.0} s; the end-to-end tier was \
+                 SKIPPED: {reason}",
+                t.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+    }
+    eprintln!(
+        "xtask: all tiers passed, the end-to-end tier included, in {:.0} s",
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Says in a way nobody can miss that the end-to-end tier did not run.
+fn announce_skip(reason: &str) {
+    let rule = "=".repeat(78);
+    eprintln!(
+        "xtask: {rule}\n\
+         xtask: END-TO-END TIER SKIPPED: {reason}.\n\
+         xtask: Nothing ran on Xen: no VM booted, no migration was tested. The tier needs\n\
+         xtask: QEMU and squashfs-tools (installed through apt when run as root).\n\
+         xtask: Set {}=1 to make a skipped end-to-end tier an error.\n\
+         xtask: {rule}",
+        tier::REQUIRE_ENV
+    );
 }
 
 fn result_line(out: &[u8]) -> String {
@@ -113,11 +160,65 @@ fn result_line(out: &[u8]) -> String {
         .to_string()
 }
 
-/// The local cycle until the emulated Xen host carries the whole migration:
-/// run an app natively, then under crane while suspending (GPU state to RAM,
-/// vendor library unloaded) and resuming it, and compare.
+/// The demo: on an emulated Xen host when this machine can run one, else the local
+/// cycle, saying why.
 fn demo(args: &[String]) -> Result<()> {
     ensure_packages()?;
+    let local = args.iter().any(|a| a == "--local" || a == "--app");
+    let hosts = match args.iter().position(|a| a == "--hosts") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse().ok())
+            .filter(|n| (1..=2).contains(n))
+            .context("--hosts takes 1 or 2")?,
+        None => 1,
+    };
+    if !local {
+        match tier::prepare() {
+            Readiness::Ready => return xen_demo(hosts),
+            Readiness::Skip(reason) => eprintln!(
+                "xtask demo: cannot boot an emulated Xen host here: {reason}.\n\
+                 xtask demo: running the LOCAL cycle instead: the app suspended and resumed on \
+                 this machine, with no VM, no GPU detach and no migration."
+            ),
+        }
+    }
+    local_demo(args)
+}
+
+/// The scenario of `crane_test_vms::scenario` on `hosts` emulated Xen hosts.
+fn xen_demo(hosts: usize) -> Result<()> {
+    let app = crane_test_vms::scenario::App::default();
+    println!(
+        "== crane on {hosts} emulated Xen host(s) (Debian's Xen under QEMU; an e1000 stands in \
+         for the GPU)"
+    );
+    println!(
+        "   {} {} in an HVM guest: natively, then under crane (the guest's libOpenCL.so.1) \
+         while crane suspends it, the guest gives up its GPU and live-migrates{}, gets a \
+         GPU again and crane resumes it",
+        app.program,
+        app.args.join(" "),
+        if hosts == 2 {
+            " (to the same host, then to the other host)"
+        } else {
+            " (to the same host; --hosts 2 adds the other host)"
+        }
+    );
+    let started = Instant::now();
+    let report = crane_test_vms::demo(hosts, &app)?;
+    print!("{}", report.summary());
+    println!(
+        "== identical to the native run after {} suspend/migrate/resume cycle(s); {:.0} s in all",
+        report.cycles.len(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The local cycle: run an app natively, then under crane while suspending (GPU
+/// state to RAM, vendor library unloaded) and resuming it, and compare.
+fn local_demo(args: &[String]) -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "crane-opencl", "-p", "cranectl"]))?;
     let apps = root().join("target/testapps");
     run(Command::new("bash")
