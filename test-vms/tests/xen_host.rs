@@ -230,8 +230,10 @@ fn crane_suspend_path_across_live_migrations_and_xen_plumbing() {
 
     let total = s.elapsed();
     eprintln!("whole tier: {:.1}s", total.as_secs_f64());
+    // About 7 minutes on an idle 2-core machine; other builds on the same cores can
+    // double that. Past 15 minutes something is wrong, not just slow.
     assert!(
-        total < Duration::from_secs(600),
-        "the tier must fit in 10 minutes: {total:?}"
+        total < Duration::from_secs(900),
+        "the tier must fit in 15 minutes: {total:?}"
     );
 }
