@@ -17,6 +17,14 @@ pub struct Config {
     /// `CRANE_CONTROL=0` starts no control socket (for benchmarks of the bare
     /// forwarding path).
     pub control_socket: bool,
+    /// `CRANE_REMOTE_BATCH=0` makes every forwarded call a round trip (for
+    /// measuring what batching buys).
+    pub remote_batch: bool,
+    /// `CRANE_HOST_MEMORY=emulate` gives the vendor no host memory
+    /// (CL_MEM_USE_HOST_PTR / CL_MEM_ALLOC_HOST_PTR): crane serves those
+    /// buffers' maps itself, so the vendor pins nothing (see
+    /// docs/architecture.md on NVIDIA).
+    pub emulate_host_memory: bool,
 }
 
 pub fn get() -> &'static Config {
@@ -34,6 +42,8 @@ pub fn get() -> &'static Config {
                 .unwrap_or_else(|| PathBuf::from("/run/crane")),
             write_cache: flag("CRANE_WRITE_CACHE", true),
             control_socket: flag("CRANE_CONTROL", true),
+            remote_batch: flag("CRANE_REMOTE_BATCH", true),
+            emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),
         }
     })
 }
@@ -54,3 +64,29 @@ macro_rules! warn_ {
     };
 }
 pub(crate) use warn_ as warn;
+
+/// Where a process starts: `CRANE_MODE=remote` with `CRANE_PROXY=ADDR` (and
+/// the token in `CRANE_PROXY_TOKEN` or the file `CRANE_PROXY_TOKEN_FILE`)
+/// starts it on crane-proxy, for processes started while their guest is
+/// migrating; anything else starts it on the local vendor libraries.
+pub fn initial_target() -> crate::vendor::Target {
+    let remote = std::env::var("CRANE_MODE").is_ok_and(|m| m == "remote");
+    let addr = std::env::var("CRANE_PROXY").unwrap_or_default();
+    if !remote {
+        return crate::vendor::Target::Local;
+    }
+    if addr.is_empty() {
+        warn_!("CRANE_MODE=remote needs CRANE_PROXY=ADDR; using the local vendor libraries");
+        return crate::vendor::Target::Local;
+    }
+    let token = match std::env::var("CRANE_PROXY_TOKEN_FILE") {
+        Ok(f) => std::fs::read_to_string(&f)
+            .map(|t| t.trim().to_string())
+            .unwrap_or_else(|e| {
+                warn_!("cannot read CRANE_PROXY_TOKEN_FILE {f}: {e}");
+                String::new()
+            }),
+        Err(_) => std::env::var("CRANE_PROXY_TOKEN").unwrap_or_default(),
+    };
+    crate::vendor::Target::Remote { addr, token }
+}

@@ -95,7 +95,7 @@ fn handle(req: Request) -> Response {
         Request::Status => {
             // Counting objects needs them to hold still: pause the application's
             // calls briefly (they already are while suspended).
-            let paused = lifecycle::mode() == Mode::Passthrough;
+            let paused = lifecycle::mode() != Mode::Suspended;
             if paused && gate::shut(gate::CLOSED, Instant::now() + Duration::from_secs(2)).is_err()
             {
                 gate::open();
@@ -128,8 +128,27 @@ fn handle(req: Request) -> Response {
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during resume"),
         },
-        Request::Remote { .. } | Request::Local { .. } => {
-            Response::error("this build of libcrane_opencl.so cannot forward to crane-proxy")
-        }
+        Request::Remote {
+            proxy,
+            token,
+            deadline_ms,
+        } => match std::panic::catch_unwind(|| {
+            lifecycle::go_remote(
+                proxy,
+                token.unwrap_or_default(),
+                Duration::from_millis(deadline_ms),
+            )
+        }) {
+            Ok(Ok((phases, residue))) => ok(phases, Some(residue)),
+            Ok(Err(e)) => Response::error(e),
+            Err(_) => Response::error("internal error while going remote"),
+        },
+        Request::Local { deadline_ms } => match std::panic::catch_unwind(|| {
+            lifecycle::go_local(Duration::from_millis(deadline_ms))
+        }) {
+            Ok(Ok(phases)) => ok(phases, None),
+            Ok(Err(e)) => Response::error(e),
+            Err(_) => Response::error("internal error while going local"),
+        },
     }
 }

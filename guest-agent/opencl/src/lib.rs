@@ -25,6 +25,7 @@ pub mod gate;
 pub mod handle;
 pub mod lifecycle;
 pub mod objects;
+pub mod remote;
 pub mod vendor;
 
 /// Runs when the library is loaded. PoCL joins its worker threads on

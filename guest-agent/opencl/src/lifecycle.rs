@@ -19,12 +19,26 @@ use crate::entry::ClResult;
 use crate::gate;
 use crate::handle::{self, ClObject};
 use crate::objects::*;
-use crate::vendor::{self, check, vfn};
+use crate::vendor::{self, Target, check, vfn};
 
-static MODE: Mutex<Mode> = Mutex::new(Mode::Passthrough);
+/// The process's mode; `None` until first asked, then derived from where the
+/// process starts (see `config::initial_target`).
+static MODE: Mutex<Option<Mode>> = Mutex::new(None);
+
+fn running_mode() -> Mode {
+    match vendor::target() {
+        Target::Local => Mode::Passthrough,
+        Target::Remote { .. } => Mode::Remote,
+    }
+}
 
 pub fn mode() -> Mode {
-    *MODE.lock().unwrap_or_else(|e| e.into_inner())
+    let mut m = MODE.lock().unwrap_or_else(|e| e.into_inner());
+    *m.get_or_insert_with(running_mode)
+}
+
+fn set_mode(m: Mode) {
+    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
 }
 
 /// Map write-backs whose source memory must live until their event completes.
@@ -116,7 +130,7 @@ pub fn residue() -> Residue {
 /// Suspends the process's OpenCL state. On failure before anything was
 /// released, the application simply carries on.
 pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
-    if mode() != Mode::Passthrough {
+    if mode() == Mode::Suspended {
         return Err("the process is already suspended".into());
     }
     let end = Instant::now() + deadline;
@@ -156,7 +170,7 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
         }
     }
     tm.lap("unload", 0);
-    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Suspended;
+    set_mode(Mode::Suspended);
     debug!("suspended: {:?}", tm.phases);
     Ok((tm.phases, res))
 }
@@ -511,6 +525,15 @@ fn release_all() {
         matches!(m.kind, MemKind::SubBuffer { .. })
     });
     release_kind::<Mem, _>(rel!(clReleaseMemObject), |_| true);
+    // Some vendors free memory (and unpin host memory) only when the queue
+    // that last used it moves on: let every queue do so before it goes.
+    for q in handle::live::<Queue>() {
+        let v = q.base.vendor();
+        if let Ok(f) = vfn!(v, clFinish) {
+            // SAFETY: a live vendor queue.
+            unsafe { f(v.cast()) };
+        }
+    }
     release_kind::<Sampler, _>(rel!(clReleaseSampler), |_| true);
     release_kind::<Program, _>(rel!(clReleaseProgram), |p| {
         matches!(p.source, ProgramSource::Linked { .. })
@@ -540,13 +563,35 @@ pub fn resume() -> Result<Vec<Phase>, String> {
         return Err("the process is not suspended".into());
     }
     let mut tm = Timer::new();
-    vendor::load()
-        .map_err(|e| format!("reloading the vendor library failed with OpenCL error {e}"))?;
-    tm.lap("reload", 0);
-    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
-    recreate(&mut bytes, &mut inject).map_err(|e| {
-        format!("recreating objects failed with OpenCL error {e}; the process stays suspended")
+    let remote = matches!(vendor::target(), Target::Remote { .. });
+    vendor::load().map_err(|e| {
+        if remote {
+            format!("connecting to crane-proxy failed with OpenCL error {e}")
+        } else {
+            format!("reloading the vendor library failed with OpenCL error {e}")
+        }
     })?;
+    tm.lap(if remote { "connect" } else { "reload" }, 0);
+    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
+    if let Err(e) = recreate(&mut bytes, &mut inject) {
+        // Give back what was made, so that a later attempt starts clean.
+        release_all();
+        vendor::unload(&policy());
+        return Err(format!(
+            "recreating objects failed with OpenCL error {e}; the process stays suspended"
+        ));
+    }
+    if let Some(s) = vendor::remote_session() {
+        // Creation is posted: wait until the proxy has carried it out, so that
+        // a failure shows here and not in the application's next call.
+        if let Err(e) = remote_sync(&s) {
+            release_all();
+            vendor::unload(&policy());
+            return Err(format!(
+                "crane-proxy could not recreate the objects (OpenCL error {e}); the process stays suspended"
+            ));
+        }
+    }
     tm.lap("recreate", 0);
     let rec = tm.phases.last_mut().expect("just pushed");
     rec.ms -= inject.as_secs_f64() * 1e3;
@@ -555,7 +600,11 @@ pub fn resume() -> Result<Vec<Phase>, String> {
         ms: inject.as_secs_f64() * 1e3,
         bytes,
     });
-    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Passthrough;
+    set_mode(if remote {
+        Mode::Remote
+    } else {
+        Mode::Passthrough
+    });
     gate::open();
     debug!("resumed: {:?}", tm.phases);
     Ok(tm.phases)
@@ -675,6 +724,96 @@ fn recreate(reinjected: &mut u64, reinject_time: &mut Duration) -> ClResult<()> 
         }
     }
     Ok(())
+}
+
+/// A round trip that returns the first failure of the calls posted before it.
+fn remote_sync(s: &crate::remote::Session) -> Result<(), cl_int> {
+    match s.call(
+        &crane_wire::Call::Sync,
+        &[],
+        crate::remote::session::Dest::Keep,
+    )? {
+        (crane_wire::Answer::Status(CL_SUCCESS), _) => match s.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        },
+        (crane_wire::Answer::Status(e), _) => Err(e),
+        _ => Err(CL_INVALID_OPERATION),
+    }
+}
+
+/// Passthrough (or suspended) to remote: the pre-migration critical path.
+/// The state goes to RAM and the local vendor library is unloaded exactly as
+/// for `suspend`; then the objects are recreated on crane-proxy from RAM. If
+/// the proxy cannot take them, the process goes back to where it was.
+pub fn go_remote(
+    addr: String,
+    token: String,
+    deadline: Duration,
+) -> Result<(Vec<Phase>, Residue), String> {
+    let was = mode();
+    if was == Mode::Remote {
+        return Err("the process is already remote".into());
+    }
+    let (mut phases, residue) = if was == Mode::Passthrough {
+        suspend(deadline)?
+    } else {
+        (Vec::new(), Residue::default())
+    };
+    let before = vendor::target();
+    vendor::set_target(Target::Remote {
+        addr: addr.clone(),
+        token,
+    });
+    match resume() {
+        Ok(p) => {
+            phases.extend(p);
+            Ok((phases, residue))
+        }
+        Err(e) => {
+            vendor::set_target(before);
+            let back = if was == Mode::Passthrough {
+                match resume() {
+                    Ok(_) => "it carries on locally".to_string(),
+                    Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
+                }
+            } else {
+                "it stays suspended".to_string()
+            };
+            Err(format!(
+                "moving to crane-proxy at {addr} failed: {e}; {back}"
+            ))
+        }
+    }
+}
+
+/// Remote to passthrough: the post-migration path. Drains the proxy, reads
+/// back what it dirtied, closes the session (the proxy frees its memory), then
+/// reloads the local vendor library and recreates everything.
+pub fn go_local(deadline: Duration) -> Result<Vec<Phase>, String> {
+    let was = mode();
+    if was == Mode::Passthrough {
+        return Err("the process is already local".into());
+    }
+    let mut phases = if was == Mode::Remote {
+        suspend(deadline)?.0
+    } else {
+        Vec::new()
+    };
+    let before = vendor::target();
+    vendor::set_target(Target::Local);
+    match resume() {
+        Ok(p) => {
+            phases.extend(p);
+            Ok(phases)
+        }
+        Err(e) => {
+            vendor::set_target(before);
+            Err(format!(
+                "going local failed: {e}; the process stays suspended (retry, or go remote again)"
+            ))
+        }
+    }
 }
 
 /// Object counts and byte totals for `cranectl list`.

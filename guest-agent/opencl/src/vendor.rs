@@ -10,10 +10,11 @@ use crane_vendor_loader::{DevicePolicy, UnloadReport, VendorLibrary};
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 use opencl_sys::*;
 
-use crate::config::{self, debug};
+use crate::config::{self, debug, warn};
 use crate::entry::ClResult;
 use crate::handle::{self, Base};
 use crate::objects::{Device, Platform};
+use crate::remote;
 
 /// The dispatch table of a vendor object.
 ///
@@ -70,15 +71,33 @@ pub unsafe fn release<F: Copy>(v: *mut c_void, sel: impl FnOnce(&_cl_icd_dispatc
     }
 }
 
+/// Where a loaded "vendor" lives.
+enum Backend {
+    /// A vendor library in this process.
+    Native(VendorLibrary),
+    /// crane-proxy, reached over the wire protocol (see `remote`).
+    Remote(Arc<remote::Session>),
+}
+
 struct Loaded {
-    lib: VendorLibrary,
+    backend: Backend,
     platforms: Vec<cl_platform_id>,
+}
+
+/// Where the next `load` takes the process's OpenCL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The vendor libraries on this machine.
+    Local,
+    /// crane-proxy at `addr` (`tcp://HOST:PORT` or `unix:/path`).
+    Remote { addr: String, token: String },
 }
 
 // SAFETY: platform ids are vendor handles, valid from any thread.
 unsafe impl Send for Loaded {}
 
 struct State {
+    target: Option<Target>,
     /// The vendor libraries in use, fixed at first load.
     paths: Option<Vec<PathBuf>>,
     loaded: Vec<Option<Loaded>>,
@@ -90,6 +109,7 @@ struct State {
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
+    target: None,
     paths: None,
     loaded: Vec::new(),
     platforms: Vec::new(),
@@ -222,7 +242,37 @@ fn open_vendor(path: &Path) -> Result<Loaded, String> {
         check(unsafe { get(n, platforms.as_mut_ptr(), std::ptr::null_mut()) })
             .map_err(|e| format!("{}: clIcdGetPlatformIDsKHR failed with {e}", path.display()))?;
     }
-    Ok(Loaded { lib, platforms })
+    Ok(Loaded {
+        backend: Backend::Native(lib),
+        platforms,
+    })
+}
+
+fn open_remote(addr: &str, token: &str) -> Result<Loaded, String> {
+    let s = remote::Session::open(addr, token)?;
+    match remote::platforms(&s) {
+        Ok(platforms) => Ok(Loaded {
+            backend: Backend::Remote(s),
+            platforms,
+        }),
+        Err(e) => {
+            s.close();
+            Err(format!(
+                "crane-proxy at {addr}: listing platforms failed with {e}"
+            ))
+        }
+    }
+}
+
+/// Where the process's OpenCL goes: set by `CRANE_MODE=remote` at start, and by
+/// the transitions of `lifecycle`.
+pub fn target() -> Target {
+    let mut st = state();
+    st.target.get_or_insert_with(config::initial_target).clone()
+}
+
+pub fn set_target(t: Target) {
+    state().target = Some(t);
 }
 
 fn platform_name(v: cl_platform_id) -> String {
@@ -271,25 +321,28 @@ pub fn load() -> ClResult<()> {
     if !st.loaded.is_empty() {
         return Ok(());
     }
-    let first = st.paths.is_none();
-    let paths = st.paths.get_or_insert_with(discover).clone();
-    debug!("loading vendors {paths:?}");
+    let first = st.platforms.is_empty();
+    let target = st.target.get_or_insert_with(config::initial_target).clone();
     let mut loaded = Vec::new();
-    for p in &paths {
-        match open_vendor(p) {
+    match &target {
+        Target::Remote { addr, token } => match open_remote(addr, token) {
             Ok(l) => loaded.push(Some(l)),
             Err(e) => {
-                debug!("vendor {}: {e}", p.display());
-                if !first
-                    && st
-                        .platforms
-                        .iter()
-                        .any(|pl| pl.vendor_index == loaded.len())
-                {
-                    drop(loaded);
-                    return Err(CL_DEVICE_NOT_AVAILABLE);
+                warn!("{e}");
+                return Err(CL_DEVICE_NOT_AVAILABLE);
+            }
+        },
+        Target::Local => {
+            let paths = st.paths.get_or_insert_with(discover).clone();
+            debug!("loading vendors {paths:?}");
+            for p in &paths {
+                match open_vendor(p) {
+                    Ok(l) => loaded.push(Some(l)),
+                    Err(e) => {
+                        debug!("vendor {}: {e}", p.display());
+                        loaded.push(None);
+                    }
                 }
-                loaded.push(None);
             }
         }
     }
@@ -309,19 +362,28 @@ pub fn load() -> ClResult<()> {
             }
         }
     } else {
+        // Each of crane's platforms goes to the first new platform of the same
+        // name: the vendor libraries here and the proxy list the same
+        // platforms in the same order, but not necessarily in the same groups.
+        let mut avail: Vec<(String, cl_platform_id)> = loaded
+            .iter()
+            .flatten()
+            .flat_map(|l| l.platforms.iter().map(|&vp| (platform_name(vp), vp)))
+            .collect();
+        let mut chosen = Vec::new();
         for p in &st.platforms {
-            let vp = loaded[p.vendor_index]
-                .as_ref()
-                .and_then(|l| l.platforms.get(p.index))
-                .copied();
-            let Some(vp) = vp else {
+            let Some(i) = avail.iter().position(|(n, _)| *n == p.name) else {
+                warn!(
+                    "platform {:?} is not offered by {}",
+                    p.name,
+                    describe(&target)
+                );
+                close_all(loaded);
                 return Err(CL_DEVICE_NOT_AVAILABLE);
             };
-            let name = platform_name(vp);
-            if name != p.name {
-                debug!("platform {} is now {name}", p.name);
-                return Err(CL_DEVICE_NOT_AVAILABLE);
-            }
+            chosen.push(avail.remove(i).1);
+        }
+        for (p, vp) in st.platforms.iter().zip(chosen) {
             p.base.set_vendor(vp.cast());
         }
         // Re-point root devices.
@@ -329,10 +391,21 @@ pub fn load() -> ClResult<()> {
             if devs.is_empty() {
                 continue;
             }
-            let now = vendor_devices(st.platforms[pi].base.vendor().cast())?;
-            if now.len() < devs.len() {
-                return Err(CL_DEVICE_NOT_FOUND);
-            }
+            let now = match vendor_devices(st.platforms[pi].base.vendor().cast()) {
+                Ok(v) if v.len() >= devs.len() => v,
+                r => {
+                    warn!(
+                        "platform {:?} on {} lacks devices: {r:?}",
+                        st.platforms[pi].name,
+                        describe(&target)
+                    );
+                    for p in &st.platforms {
+                        p.base.take_vendor();
+                    }
+                    close_all(loaded);
+                    return Err(CL_DEVICE_NOT_FOUND);
+                }
+            };
             for (d, &v) in devs.iter().zip(&now) {
                 d.base.set_vendor(v.cast());
             }
@@ -409,18 +482,66 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
 /// vendor pointers are cleared.
 pub fn unload(policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
     let mut st = state();
-    for p in &st.platforms {
-        p.base.take_vendor();
-    }
-    for d in st.devices.iter().flatten() {
-        d.base.take_vendor();
+    let remote = st
+        .loaded
+        .iter()
+        .flatten()
+        .any(|l| matches!(l.backend, Backend::Remote(_)));
+    let taken = st
+        .platforms
+        .iter()
+        .map(|p| p.base.take_vendor())
+        .chain(st.devices.iter().flatten().map(|d| d.base.take_vendor()))
+        .collect::<Vec<_>>();
+    if remote {
+        // Remote platforms and devices are crane's own objects: free them.
+        for v in taken.into_iter().filter(|v| !v.is_null()) {
+            remote::release(v);
+        }
     }
     let loaded = std::mem::take(&mut st.loaded);
     loaded
         .into_iter()
         .flatten()
-        .map(|l| l.lib.close(policy).map_err(|e| e.to_string()))
+        .filter_map(|l| match l.backend {
+            Backend::Native(lib) => Some(lib.close(policy).map_err(|e| e.to_string())),
+            Backend::Remote(s) => {
+                s.close();
+                None
+            }
+        })
         .collect()
+}
+
+fn describe(t: &Target) -> String {
+    match t {
+        Target::Local => "the local vendor libraries".into(),
+        Target::Remote { addr, .. } => format!("crane-proxy at {addr}"),
+    }
+}
+
+/// Gives back what a failed `load` opened.
+fn close_all(loaded: Vec<Option<Loaded>>) {
+    for l in loaded.into_iter().flatten() {
+        match l.backend {
+            Backend::Native(lib) => {
+                let _ = lib.close(&DevicePolicy::default());
+            }
+            Backend::Remote(s) => s.close(),
+        }
+    }
+}
+
+/// The session with crane-proxy, while remoting.
+pub fn remote_session() -> Option<Arc<remote::Session>> {
+    state()
+        .loaded
+        .iter()
+        .flatten()
+        .find_map(|l| match &l.backend {
+            Backend::Remote(s) => Some(s.clone()),
+            Backend::Native(_) => None,
+        })
 }
 
 pub fn is_loaded() -> bool {
@@ -432,6 +553,9 @@ pub fn loaded_paths() -> Vec<PathBuf> {
         .loaded
         .iter()
         .flatten()
-        .map(|l| l.lib.path().to_path_buf())
+        .map(|l| match &l.backend {
+            Backend::Native(lib) => lib.path().to_path_buf(),
+            Backend::Remote(s) => PathBuf::from(format!("crane-proxy at {}", s.addr)),
+        })
         .collect()
 }

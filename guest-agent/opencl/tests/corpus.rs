@@ -3,64 +3,14 @@
 //! at random moments, must print exactly what an uninterrupted native run
 //! prints. Needs gcc and an OpenCL ICD; see testapps/README.md.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crane_control::{Request, call, socket_path};
 
 mod common;
-use common::{library, repo};
-
-/// Builds the corpus once per test binary.
-fn apps() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = repo().join("target/testapps");
-        let st = Command::new("bash")
-            .arg(repo().join("testapps/build.sh"))
-            .arg(&out)
-            .status()
-            .expect("run testapps/build.sh");
-        assert!(st.success(), "building the corpus failed");
-        out
-    })
-}
-
-fn result_line(out: &[u8]) -> String {
-    String::from_utf8_lossy(out)
-        .lines()
-        .find(|l| l.starts_with("RESULT "))
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn native(app: &str, iters: &str) -> String {
-    let out = Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{app} failed natively: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = result_line(&out.stdout);
-    assert!(!r.is_empty(), "{app} printed no RESULT line");
-    r
-}
-
-/// Tiny deterministic generator, so a failure can be replayed from its seed.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
+use common::apps::{Rng, apps, native, result_line};
+use common::library;
 
 struct Run {
     result: String,

@@ -1,5 +1,9 @@
 //! Helpers shared by the integration tests.
 
+#![allow(dead_code)]
+
+pub mod apps;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -36,4 +40,24 @@ pub fn library() -> PathBuf {
         lib
     })
     .clone()
+}
+
+/// A binary of the workspace, built if missing (`cargo test` of this crate
+/// does not build other packages' binaries).
+pub fn built(package: &str, bin: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let path = profile_dir.join(bin);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", package, "--bin", bin])
+            .current_dir(repo())
+            .env("CARGO_TARGET_DIR", profile_dir.parent().unwrap());
+        if profile_dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        assert!(cmd.status().unwrap().success(), "building {bin} failed");
+    }
+    path
 }
