@@ -58,7 +58,10 @@ impl<'a, S: XenStore> GuestChannel<'a, S> {
         self.store.write(&crane, "")?;
         self.store.set_perms(
             &crane,
-            &[Perm::new(0, Access::None), Perm::new(self.domid, Access::Read)],
+            &[
+                Perm::new(0, Access::None),
+                Perm::new(self.domid, Access::Read),
+            ],
         )?;
         self.store
             .write(&self.path(PROTOCOL), &PROTOCOL_VERSION.to_string())?;
@@ -164,7 +167,10 @@ impl<'a, S: XenStore> GuestChannel<'a, S> {
         if check_dom0_only(&self.store.get_perms(&key)?).is_err() {
             self.store.set_perms(
                 &key,
-                &[Perm::new(0, Access::None), Perm::new(self.domid, Access::Read)],
+                &[
+                    Perm::new(0, Access::None),
+                    Perm::new(self.domid, Access::Read),
+                ],
             )?;
         }
         Ok(req)

@@ -22,7 +22,10 @@ pub enum Incoming {
     New(Request),
     /// Not to be acted upon; `seq` is the request's if it could be read, else
     /// 0. The reason never quotes the request (it may hold a token).
-    Rejected { seq: u64, reason: String },
+    Rejected {
+        seq: u64,
+        reason: String,
+    },
 }
 
 /// Reads and checks `crane/request`: it must have been written by dom0 alone

@@ -339,7 +339,8 @@ impl XsPerms for MemConn {
 impl XsWatch for MemConn {
     fn watch(&self, path: &str, token: &str) -> Result<(), XsError> {
         let abs = self.resolve(path)?;
-        let relative_to = (!path.starts_with('/') && !path.starts_with('@')).then(|| home(self.domid));
+        let relative_to =
+            (!path.starts_with('/') && !path.starts_with('@')).then(|| home(self.domid));
         let mut st = self.store.lock();
         st.watches.push(Watch {
             conn: self.conn,
@@ -403,13 +404,24 @@ mod tests {
         let guest = store.connect(5);
         let other = store.connect(6);
         // The guest cannot create nodes in its dom0-owned home.
-        assert!(guest.write("crane/request", "x").unwrap_err().is_access_denied());
-        dom0.write("/local/domain/5/crane/request", "seq=1").unwrap();
+        assert!(
+            guest
+                .write("crane/request", "x")
+                .unwrap_err()
+                .is_access_denied()
+        );
+        dom0.write("/local/domain/5/crane/request", "seq=1")
+            .unwrap();
         assert_eq!(
             guest.read("crane/request").unwrap().as_deref(),
             Some("seq=1")
         );
-        assert!(other.read("/local/domain/5/crane/request").unwrap_err().is_access_denied());
+        assert!(
+            other
+                .read("/local/domain/5/crane/request")
+                .unwrap_err()
+                .is_access_denied()
+        );
         // A guest-writable directory: what the guest creates, it owns.
         dom0.write("/local/domain/5/data", "").unwrap();
         dom0.set_perms("/local/domain/5/data", &[Perm::new(5, Access::None)])
@@ -425,10 +437,12 @@ mod tests {
             dom0.get_perms("/local/domain/5/crane/agent/y").unwrap()[0].domid,
             0
         );
-        assert!(guest
-            .set_perms("data/x", &[Perm::new(6, Access::None)])
-            .unwrap_err()
-            .is_access_denied());
+        assert!(
+            guest
+                .set_perms("data/x", &[Perm::new(6, Access::None)])
+                .unwrap_err()
+                .is_access_denied()
+        );
         assert_eq!(
             dom0.directory("/local/domain/5").unwrap(),
             vec!["crane".to_string(), "data".to_string()]
@@ -453,7 +467,10 @@ mod tests {
         dom0.write("/local/domain/5/other", "v").unwrap();
         assert_eq!(guest.wait_event(Duration::from_millis(5)).unwrap(), None);
         dom0.rm("/local/domain/5").unwrap();
-        assert_eq!(guest.wait_event(Duration::ZERO).unwrap().unwrap().path, "crane");
+        assert_eq!(
+            guest.wait_event(Duration::ZERO).unwrap().unwrap().path,
+            "crane"
+        );
         // Another thread's write wakes a waiter.
         let waiter = std::thread::spawn(move || guest.wait_event(Duration::from_secs(10)));
         std::thread::sleep(Duration::from_millis(20));

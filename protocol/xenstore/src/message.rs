@@ -91,7 +91,10 @@ fn validate_proxy(p: &str) -> Result<(), ValueError> {
             return Err(bad("port is not 1 to 65535"));
         }
         let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-            !v6.is_empty() && v6.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+            !v6.is_empty()
+                && v6
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
         } else {
             !host.is_empty()
                 && host.len() <= 253
@@ -116,8 +119,7 @@ fn validate_proxy(p: &str) -> Result<(), ValueError> {
 fn validate_token(t: &str) -> Result<(), ValueError> {
     let ok = !t.is_empty()
         && t.len() <= MAX_TOKEN_LEN
-        && t
-            .bytes()
+        && t.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._~+/=-".contains(&b));
     if ok {
         Ok(())
@@ -163,11 +165,7 @@ impl Request {
                     }
                     "stop-and-copy" => Op::PrepareMigrate(MigrateMode::StopAndCopy),
                     other => {
-                        return Err(bad_value(
-                            "mode",
-                            other,
-                            "want remote or stop-and-copy",
-                        ));
+                        return Err(bad_value("mode", other, "want remote or stop-and-copy"));
                     }
                 }
             }
@@ -341,9 +339,9 @@ impl Response {
         let mut phases = Vec::new();
         if let Some(p) = f.take("phases") {
             for part in p.split(',') {
-                let (name, ms) = part
-                    .split_once(':')
-                    .ok_or(bad_value("phases", &p, "want NAME:MS,..."))?;
+                let (name, ms) =
+                    part.split_once(':')
+                        .ok_or(bad_value("phases", &p, "want NAME:MS,..."))?;
                 if !valid_phase_name(name) {
                     return Err(bad_value("phases", &p, "invalid phase name"));
                 }
@@ -595,9 +593,9 @@ pub fn plan(state: GuestState, op: &Op) -> Plan {
             "already detached for {}; send prepare-resume first",
             k.as_str()
         )),
-        (GuestState::Degraded, Op::PrepareMigrate(_)) => Plan::Refuse(
-            "a rollback did not complete; send prepare-resume first".into(),
-        ),
+        (GuestState::Degraded, Op::PrepareMigrate(_)) => {
+            Plan::Refuse("a rollback did not complete; send prepare-resume first".into())
+        }
         (_, Op::PrepareResume) => Plan::Run,
     }
 }
@@ -684,9 +682,10 @@ mod tests {
 
     #[test]
     fn token_never_appears_in_errors() {
-        let e = Request::parse("seq=1 op=prepare-migrate mode=remote proxy=tcp://h:1 token=ab%20cd")
-            .unwrap_err()
-            .to_string();
+        let e =
+            Request::parse("seq=1 op=prepare-migrate mode=remote proxy=tcp://h:1 token=ab%20cd")
+                .unwrap_err()
+                .to_string();
         assert!(!e.contains("ab cd"), "{e}");
     }
 
@@ -729,8 +728,13 @@ mod tests {
         ] {
             assert!(Response::parse(bad).is_err(), "{bad}");
         }
-        let many = (0..17).map(|i| format!("p:{i}")).collect::<Vec<_>>().join(",");
-        assert!(Response::parse(&format!("seq=1 outcome=resumed ms=1 apps=0 phases={many}")).is_err());
+        let many = (0..17)
+            .map(|i| format!("p:{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(
+            Response::parse(&format!("seq=1 outcome=resumed ms=1 apps=0 phases={many}")).is_err()
+        );
     }
 
     #[test]

@@ -131,7 +131,9 @@ mod tests {
         for s in ["n0", "r5", "w65535", "b12"] {
             assert_eq!(Perm::parse(s).unwrap().to_string(), s);
         }
-        for s in ["", "x1", "r", "r-1", "r65536", "r1a", "rr1", "r 1", "r123456"] {
+        for s in [
+            "", "x1", "r", "r-1", "r65536", "r1a", "rr1", "r 1", "r123456",
+        ] {
             assert!(Perm::parse(s).is_err(), "{s:?} accepted");
         }
     }

@@ -133,7 +133,9 @@ impl Fields {
             if field.is_empty() {
                 return Err(ValueError::EmptyField { index });
             }
-            let (k, v) = field.split_once('=').ok_or(ValueError::NoEquals { index })?;
+            let (k, v) = field
+                .split_once('=')
+                .ok_or(ValueError::NoEquals { index })?;
             if !valid_key(k) {
                 return Err(ValueError::BadKey { index });
             }
@@ -214,7 +216,7 @@ pub(crate) fn parse_ms(key: &str, v: &str) -> Result<f64, ValueError> {
         && frac.len() <= 3
         && int.bytes().all(|b| b.is_ascii_digit())
         && frac.bytes().all(|b| b.is_ascii_digit())
-        && (v.contains('.') == !frac.is_empty());
+        && (v.contains('.') != frac.is_empty());
     if !ok {
         return Err(bad_value(key, v, "not a duration in milliseconds"));
     }

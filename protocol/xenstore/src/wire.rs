@@ -224,8 +224,7 @@ impl WireClient {
                 return Ok(Some(m));
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let ms = u16::try_from(left.as_millis().min(u16::MAX as u128))
-                .unwrap_or(u16::MAX);
+            let ms = u16::try_from(left.as_millis().min(u16::MAX as u128)).unwrap_or(u16::MAX);
             let ready = {
                 let mut fds = [PollFd::new(self.io.fd(), PollFlags::POLLIN)];
                 match poll(&mut fds, PollTimeout::from(ms)) {
@@ -385,7 +384,12 @@ impl WireClient {
 
     pub fn get_domain_path(&mut self, domid: u16) -> Result<String, XsError> {
         let d = domid.to_string();
-        let p = self.request(MsgType::GetDomainPath, "get-domain-path", &d, strings(&[&d]))?;
+        let p = self.request(
+            MsgType::GetDomainPath,
+            "get-domain-path",
+            &d,
+            strings(&[&d]),
+        )?;
         split_strings(&p)?
             .into_iter()
             .next()

@@ -62,7 +62,10 @@ fn client_against_real_xenstored() {
     // with the watched path when a parent is removed.
     store.watch("/crane-test/a", "tok").unwrap();
     let ev = store.wait_event(Duration::from_secs(5)).unwrap().unwrap();
-    assert_eq!((ev.path.as_str(), ev.token.as_str()), ("/crane-test/a", "tok"));
+    assert_eq!(
+        (ev.path.as_str(), ev.token.as_str()),
+        ("/crane-test/a", "tok")
+    );
     assert_eq!(store.wait_event(Duration::from_millis(100)).unwrap(), None);
     store.write("/crane-test/a/b", "changed").unwrap();
     let ev = store.wait_event(Duration::from_secs(5)).unwrap().unwrap();
@@ -86,7 +89,10 @@ fn client_against_real_xenstored() {
     let ch = GuestChannel::new(&store, guest);
     ch.setup().unwrap();
     let dom0_guest_read = [Perm::new(0, Access::None), Perm::new(guest, Access::Read)];
-    assert_eq!(store.get_perms(&absolute(guest, CRANE)).unwrap(), dom0_guest_read);
+    assert_eq!(
+        store.get_perms(&absolute(guest, CRANE)).unwrap(),
+        dom0_guest_read
+    );
     assert_eq!(
         store.get_perms(&absolute(guest, AGENT)).unwrap(),
         [Perm::new(guest, Access::None)]
@@ -103,7 +109,10 @@ fn client_against_real_xenstored() {
     assert_eq!(req.seq, 1);
     let raw = store.read(&absolute(guest, REQUEST)).unwrap().unwrap();
     assert_eq!(Request::parse(&raw).unwrap(), req);
-    assert_eq!(store.get_perms(&absolute(guest, REQUEST)).unwrap(), dom0_guest_read);
+    assert_eq!(
+        store.get_perms(&absolute(guest, REQUEST)).unwrap(),
+        dom0_guest_read
+    );
     // What the agent would publish, written here as dom0.
     store
         .write(
@@ -112,7 +121,10 @@ fn client_against_real_xenstored() {
         )
         .unwrap();
     let st = ch.agent_state().unwrap().unwrap();
-    assert_eq!(st.state, GuestState::Detached(crane_xs::message::DetachKind::Remote));
+    assert_eq!(
+        st.state,
+        GuestState::Detached(crane_xs::message::DetachKind::Remote)
+    );
     assert_eq!(ch.next_seq().unwrap(), 2);
     assert!(ch.wait_answer(1, Duration::from_millis(200)).is_err());
     store
