@@ -92,10 +92,10 @@ impl<'s, S: XenStore, M: ModuleBackend, P: DeviceProbe> Daemon<'s, S, M, P> {
                     let _ = publish_state(store, &st);
                     let _ = publish_progress(store, &bare_response(seq, Outcome::Working, None));
                 });
-                if let Err(e) = publish_answer(self.store, &answer.response, &answer.apps) {
+                let state = self.agent.state();
+                if let Err(e) = publish_answer(self.store, &state, &answer.response, &answer.apps) {
                     log::error!("cannot publish the answer to request {seq}: {e}");
                 }
-                self.publish_state(&self.agent.state());
             }
         }
         Ok(())

@@ -94,10 +94,12 @@ pub fn published_state<S: XsData>(store: &S) -> Option<AgentState> {
     AgentState::parse(&raw).ok()
 }
 
-/// Publishes an answer: the per-app results first (the old ones removed),
-/// the response last, so a reader that sees the response sees its results.
+/// Publishes an answer: the per-app results (the old ones removed) and the
+/// agent's new state first, the response last, so a reader that sees the
+/// response sees the results and state that go with it.
 pub fn publish_answer<S: XsData>(
     store: &S,
+    state: &AgentState,
     response: &Response,
     apps: &[AppResult],
 ) -> Result<(), XsError> {
@@ -105,6 +107,7 @@ pub fn publish_answer<S: XsData>(
     for a in apps {
         store.write(&app_key(a.pid), &a.format())?;
     }
+    publish_state(store, state)?;
     store.write(AGENT_RESPONSE, &response.format())
 }
 
