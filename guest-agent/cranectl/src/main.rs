@@ -8,11 +8,16 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use crane_control::{Request, Response, call, list_pids, run_dir_from_env, socket_path};
 
+mod agent;
+
 const USAGE: &str = "usage: cranectl [--json] list
        cranectl suspend PID|all [--deadline-ms N]
        cranectl resume PID|all [--deadline-ms N]
        cranectl remote PID|all --proxy tcp://HOST:PORT|unix:/PATH [--token-file F] [--deadline-ms N]
-       cranectl local PID|all [--deadline-ms N]";
+       cranectl local PID|all [--deadline-ms N]
+       cranectl agent prepare-migrate [--mode stop-and-copy|remote] [--proxy ADDR] [--token-file F] [--deadline-ms N]
+       cranectl agent prepare-resume [--deadline-ms N]
+       cranectl agent status";
 
 fn targets(run_dir: &Path, which: &str) -> Result<Vec<u32>> {
     if which == "all" {
@@ -202,6 +207,7 @@ fn run() -> Result<ExitCode> {
                 }
             }
         }
+        Some("agent") => return agent::run(&args[1..], json, &run_dir),
         _ => bail!("{USAGE}"),
     }
     Ok(if failed {
