@@ -69,7 +69,35 @@ pub(crate) use warn_ as warn;
 /// the token in `CRANE_PROXY_TOKEN` or the file `CRANE_PROXY_TOKEN_FILE`)
 /// starts it on crane-proxy, for processes started while their guest is
 /// migrating; anything else starts it on the local vendor libraries.
+///
+/// Without `CRANE_MODE`, the guest agent's migration notice decides (see
+/// `crane_control::notice`): a process starting while its guest is remoting
+/// starts on the proxy, one starting during a stop-and-copy migration waits
+/// until the notice is gone.
 pub fn initial_target() -> crate::vendor::Target {
+    use crane_control::notice::{MigrationNotice, read_notice};
+    if std::env::var_os("CRANE_MODE").is_none() {
+        let mut told = false;
+        loop {
+            match read_notice(&get().run_dir) {
+                Some(MigrationNotice::Remote { proxy, token }) => {
+                    debug!("migration under way: starting on crane-proxy at {proxy}");
+                    return crate::vendor::Target::Remote {
+                        addr: proxy,
+                        token: token.unwrap_or_default(),
+                    };
+                }
+                Some(MigrationNotice::Suspended) => {
+                    if !told {
+                        warn_!("the guest is migrating; OpenCL waits until it has arrived");
+                        told = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                None => return crate::vendor::Target::Local,
+            }
+        }
+    }
     let remote = std::env::var("CRANE_MODE").is_ok_and(|m| m == "remote");
     let addr = std::env::var("CRANE_PROXY").unwrap_or_default();
     if !remote {
