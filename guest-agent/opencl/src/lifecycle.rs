@@ -329,18 +329,13 @@ fn read_back() -> ClResult<u64> {
         }
         match &m.kind {
             MemKind::Buffer => {
-                let dst: *mut u8;
-                let mut data = Vec::new();
-                if m.flags & CL_MEM_USE_HOST_PTR != 0 {
-                    dst = m.host_ptr as *mut u8;
-                } else {
-                    data = vec![0u8; m.size];
-                    dst = data.as_mut_ptr();
-                }
+                let mut data = vec![0u8; m.size];
                 with_queue(&m.context, &queues, |q| {
-                    read_buffer(&m.context, q, v, m.flags, m.size, dst)
+                    read_buffer(&m.context, q, v, m.flags, m.size, data.as_mut_ptr())
                 })?;
-                if m.flags & CL_MEM_USE_HOST_PTR == 0 {
+                if m.flags & CL_MEM_USE_HOST_PTR != 0 {
+                    copy_to_host_ptr(&m, &data);
+                } else {
                     m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
                 }
                 bytes += m.size as u64;
@@ -376,6 +371,35 @@ fn read_back() -> ClResult<u64> {
         m.dirty.store(false, Ordering::Relaxed);
     }
     Ok(bytes)
+}
+
+/// Brings a CL_MEM_USE_HOST_PTR buffer's host memory up to date with what the
+/// device holds, except the ranges the application has mapped for writing:
+/// those hold its changes, which reach the device at unmap.
+fn copy_to_host_ptr(m: &Mem, data: &[u8]) {
+    let mut keep: Vec<(usize, usize)> = m
+        .maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|r| r.write)
+        .map(|r| (r.offset, (r.offset + r.size).min(data.len())))
+        .collect();
+    keep.sort_unstable();
+    let mut at = 0;
+    let host = m.host_ptr as *mut u8;
+    let copy = |from: usize, to: usize| {
+        if from < to {
+            // SAFETY: the application's host memory of the buffer's size,
+            // which it must keep valid for the buffer's life.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(from), host.add(from), to - from) };
+        }
+    };
+    for (start, end) in keep {
+        copy(at, start.max(at));
+        at = at.max(end);
+    }
+    copy(at, data.len());
 }
 
 /// Reads a whole buffer. Buffers the host may not read

@@ -356,42 +356,63 @@ pub unsafe extern "C" fn rGetPlatformInfo(
     info(p.cast(), InfoKind::Platform, param, size, value, ret)
 }
 
-pub unsafe extern "C" fn rGetDeviceIDs(
-    p: cl_platform_id,
-    ty: cl_device_type,
-    n: cl_uint,
-    out: *mut cl_device_id,
-    num: *mut cl_uint,
-) -> cl_int {
-    guard(|| {
-        let s = sess(p.cast())?;
-        let ids: Vec<Id> = if out.is_null() {
-            Vec::new()
-        } else {
-            (0..n).map(|_| s.new_id()).collect()
-        };
-        let (a, _) = s.call(
-            &Call::GetDeviceIds {
-                platform: id_of(p.cast()),
-                device_type: ty,
-                ids: ids.clone(),
-            },
-            &[],
-            Dest::Keep,
-        )?;
-        let count = match a {
-            Answer::Count {
-                status: CL_SUCCESS,
-                count,
-            } => count,
-            Answer::Count { status, .. } => return Err(status),
-            _ => return Err(CL_INVALID_OPERATION),
-        };
-        for (i, &id) in ids.iter().take(count as usize).enumerate() {
-            // SAFETY: the caller's array of `n` entries.
-            unsafe { *out.add(i) = RObj::create(s, id, 0).cast() };
+/// The root devices of a remote platform with their types, listed once.
+fn root_devices(p: *mut c_void) -> R<&'static [(usize, cl_device_type)]> {
+    let po: &'static RObj = obj(p)?;
+    if let Some(d) = po.devices.get() {
+        return Ok(d);
+    }
+    let s = &po.session;
+    let list = |ids: Vec<Id>| -> R<u32> {
+        let call = Call::GetDeviceIds { platform: po.id, device_type: CL_DEVICE_TYPE_ALL, ids };
+        match s.call(&call, &[], Dest::Keep)?.0 {
+            Answer::Count { status: CL_SUCCESS, count } => Ok(count),
+            Answer::Count { status, .. } => Err(status),
+            _ => Err(CL_INVALID_OPERATION),
         }
-        crate::entry::put(num, count);
+    };
+    let n = list(Vec::new())?;
+    let ids: Vec<Id> = (0..n).map(|_| s.new_id()).collect();
+    let got = list(ids.clone())?;
+    let mut devs = Vec::new();
+    for &id in ids.iter().take(got as usize) {
+        let d = RObj::create(s, id, 0);
+        let mut ty: cl_device_type = 0;
+        let rc = info(d, InfoKind::Device, CL_DEVICE_TYPE, size_of::<cl_device_type>(), (&raw mut ty).cast(), std::ptr::null_mut());
+        if rc != CL_SUCCESS {
+            return Err(rc);
+        }
+        devs.push((d as usize, ty));
+    }
+    // Another thread may have listed them meanwhile; either list is complete.
+    Ok(po.devices.get_or_init(|| devs))
+}
+
+pub unsafe extern "C" fn rGetDeviceIDs(p: cl_platform_id, ty: cl_device_type, n: cl_uint, out: *mut cl_device_id, num: *mut cl_uint) -> cl_int {
+    guard(|| {
+        let all = root_devices(p.cast())?;
+        let pick: Vec<usize> = if ty == CL_DEVICE_TYPE_ALL {
+            all.iter().map(|d| d.0).collect()
+        } else if ty == CL_DEVICE_TYPE_DEFAULT {
+            all.iter()
+                .find(|d| d.1 & CL_DEVICE_TYPE_DEFAULT != 0)
+                .or(all.first())
+                .map(|d| d.0)
+                .into_iter()
+                .collect()
+        } else {
+            all.iter().filter(|d| d.1 & ty != 0).map(|d| d.0).collect()
+        };
+        if pick.is_empty() {
+            return Err(CL_DEVICE_NOT_FOUND);
+        }
+        if !out.is_null() {
+            for (i, &d) in pick.iter().take(n as usize).enumerate() {
+                // SAFETY: the caller's array of `n` entries.
+                unsafe { *out.add(i) = d as cl_device_id };
+            }
+        }
+        crate::entry::put(num, pick.len() as cl_uint);
         Ok(())
     })
 }

@@ -39,6 +39,9 @@ pub struct RObj {
     pub px: usize,
     /// Destructor callbacks (function, user data), run after the last release.
     destructors: Mutex<Vec<(usize, usize)>>,
+    /// For platforms: the root devices (object address, device type), listed
+    /// once so that every query returns the same objects, as a vendor does.
+    pub devices: std::sync::OnceLock<Vec<(usize, cl_device_type)>>,
 }
 
 // SAFETY: the raw dispatch pointer refers to an immutable static; every other
@@ -59,6 +62,7 @@ impl RObj {
             pending: AtomicU32::new(0),
             px,
             destructors: Mutex::new(Vec::new()),
+            devices: std::sync::OnceLock::new(),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live
