@@ -247,6 +247,38 @@ pub unsafe extern "C" fn clReleaseDevice(d: cl_device_id) -> cl_int {
     })
 }
 
+/// cl_ext_device_fission's retain: the same as clRetainDevice.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clRetainDeviceEXT(d: cl_device_id) -> cl_int {
+    // SAFETY: same contract as clRetainDevice.
+    unsafe { clRetainDevice(d) }
+}
+
+/// cl_ext_device_fission's release: the same as clReleaseDevice.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clReleaseDeviceEXT(d: cl_device_id) -> cl_int {
+    // SAFETY: same contract as clReleaseDevice.
+    unsafe { clReleaseDevice(d) }
+}
+
+/// cl_ext_device_fission's partitioning, superseded by clCreateSubDevices
+/// (OpenCL 1.2). Its partition tokens differ from the core ones, and crane
+/// recreates sub-devices on resume from core partition properties only, so it
+/// refuses it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clCreateSubDevicesEXT(
+    d: cl_device_id,
+    _props: *const cl_device_partition_property_ext,
+    _n: cl_uint,
+    _out: *mut cl_device_id,
+    _n_ret: *mut cl_uint,
+) -> cl_int {
+    entry::status(false, || {
+        device_ref(d.cast())?;
+        Err(CL_INVALID_OPERATION)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clGetDeviceAndHostTimer(
     d: cl_device_id,
