@@ -135,6 +135,24 @@ pub unsafe extern "C" fn clGetDeviceInfo(
                     .map_or(std::ptr::null_mut(), |p| p.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
+            CL_DEVICE_EXECUTION_CAPABILITIES => {
+                // crane refuses clEnqueueNativeKernel, so it does not report
+                // the capability either.
+                let v = dev.base.vendor();
+                let mut caps: cl_device_exec_capabilities = 0;
+                // SAFETY: a cl_device_exec_capabilities-sized answer into `caps`.
+                check(unsafe {
+                    vfn!(v, clGetDeviceInfo)?(
+                        v.cast(),
+                        param,
+                        std::mem::size_of_val(&caps),
+                        (&raw mut caps).cast(),
+                        std::ptr::null_mut(),
+                    )
+                })?;
+                caps &= !CL_EXEC_NATIVE_KERNEL;
+                write_info(bytes_of(&caps), size, value, size_ret)
+            }
             CL_DEVICE_REFERENCE_COUNT => {
                 let n: cl_uint = if dev.parent.is_some() {
                     dev.base.app_refs()
