@@ -443,7 +443,16 @@ fn save_events() {
             .queue
             .as_ref()
             .is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
-        if profiled && status == CL_COMPLETE {
+        // An event restored by an earlier resume is a user event on the vendor,
+        // which has no profiling information: keep what was saved the first
+        // time (re-reading gave zeros, so an application reading START before
+        // and END after a second suspend saw END < START).
+        let saved = e
+            .profiling
+            .lock()
+            .unwrap_or_else(|x| x.into_inner())
+            .is_some();
+        if profiled && status == CL_COMPLETE && !saved {
             let mut vals = [0u64; 5];
             let params = [
                 CL_PROFILING_COMMAND_QUEUED,
