@@ -40,7 +40,8 @@ fn cargo() -> Command {
 }
 
 /// Debian packages the OpenCL tiers need: the ICD loader and headers, PoCL as
-/// the CPU vendor, gcc for the C corpus.
+/// the CPU vendor, gcc for the C corpus, clinfo (compared through crane and
+/// natively).
 const PACKAGES: &[&str] = &[
     "ocl-icd-opencl-dev",
     "ocl-icd-libopencl1",
@@ -97,8 +98,9 @@ fn test() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    // The integration tier loads the cdylib, which `cargo test` does not build.
-    run(cargo().args(["build", "-p", "crane-opencl"]))?;
+    // The integration tier loads the cdylib and installs it with cranectl;
+    // `cargo test` builds neither.
+    run(cargo().args(["build", "-p", "crane-opencl", "-p", "cranectl"]))?;
     run(cargo().args(["test", "--workspace"]))?;
     eprintln!(
         "xtask: all tiers passed in {:.0} s",

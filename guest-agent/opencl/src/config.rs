@@ -9,6 +9,10 @@ pub struct Config {
     pub debug: bool,
     /// `CRANE_VENDOR`: colon-separated vendor libraries, overriding discovery.
     pub vendor_override: Option<String>,
+    /// `CRANE_VENDORS_DIR` (default /etc/crane/vendors.d): the ICD files of the
+    /// vendors crane wraps, moved there by `cranectl install-icd` so that the
+    /// ICD loader does not load them a second time.
+    pub vendors_dir: PathBuf,
     /// `CRANE_RUN_DIR` (default /run/crane): control sockets live in `apps/`.
     pub run_dir: PathBuf,
     /// `CRANE_WRITE_CACHE=0` turns off keeping host writes in RAM (saves memory,
@@ -37,6 +41,9 @@ pub fn get() -> &'static Config {
         Config {
             debug: flag("CRANE_DEBUG", false),
             vendor_override: std::env::var("CRANE_VENDOR").ok().filter(|s| !s.is_empty()),
+            vendors_dir: std::env::var_os("CRANE_VENDORS_DIR")
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| PathBuf::from("/etc/crane/vendors.d"), PathBuf::from),
             run_dir: std::env::var_os("CRANE_RUN_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/run/crane")),

@@ -30,14 +30,22 @@ pub mod vendor;
 
 /// Runs when the library is loaded. PoCL joins its worker threads on
 /// clUnloadPlatformCompiler only if POCL_ENABLE_UNINIT is set in the
-/// environment, and the environment may only be changed safely before the
-/// application starts threads: LD_PRELOAD and drop-in loading run this before
-/// `main`.
+/// environment, and the environment may only be changed safely while no other
+/// thread can read it. Preloaded or as a drop-in libOpenCL.so.1, crane is
+/// loaded before `main`; as an ICD, when the application's first OpenCL call
+/// makes the loader open it, and the variable is then set only if the process
+/// still has a single thread (otherwise PoCL's workers outlive a suspend, which
+/// the suspend reply reports).
 extern "C" fn on_load() {
-    if std::env::var_os("POCL_ENABLE_UNINIT").is_none() {
-        // SAFETY: runs from the dynamic loader's initialisers, before the
-        // application's own code, when no other thread reads the environment.
+    if std::env::var_os("POCL_ENABLE_UNINIT").is_some() {
+        return;
+    }
+    let threads = std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count);
+    if threads == 1 {
+        // SAFETY: only this thread exists, so none reads the environment now.
         unsafe { std::env::set_var("POCL_ENABLE_UNINIT", "1") };
+    } else {
+        config::debug!("{threads} threads at load: POCL_ENABLE_UNINIT left unset");
     }
 }
 

@@ -392,7 +392,9 @@ fn copy_to_host_ptr(m: &Mem, data: &[u8]) {
         if from < to {
             // SAFETY: the application's host memory of the buffer's size,
             // which it must keep valid for the buffer's life.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().add(from), host.add(from), to - from) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr().add(from), host.add(from), to - from)
+            };
         }
     };
     for (start, end) in keep {
@@ -481,7 +483,16 @@ fn save_events() {
             .queue
             .as_ref()
             .is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
-        if profiled && status == CL_COMPLETE {
+        // An event restored by an earlier resume is a user event on the vendor,
+        // which has no profiling information: keep what was saved the first
+        // time (re-reading gave zeros, so an application reading START before
+        // and END after a second suspend saw END < START).
+        let saved = e
+            .profiling
+            .lock()
+            .unwrap_or_else(|x| x.into_inner())
+            .is_some();
+        if profiled && status == CL_COMPLETE && !saved {
             let mut vals = [0u64; 5];
             let params = [
                 CL_PROFILING_COMMAND_QUEUED,
@@ -589,7 +600,9 @@ pub fn resume() -> Result<Vec<Phase>, String> {
     let mut tm = Timer::new();
     let remote = matches!(vendor::target(), Target::Remote { .. });
     vendor::load().map_err(|e| {
-        if remote {
+        if let Some(why) = vendor::take_load_error() {
+            why
+        } else if remote {
             format!("connecting to crane-proxy failed with OpenCL error {e}")
         } else {
             format!("reloading the vendor library failed with OpenCL error {e}")

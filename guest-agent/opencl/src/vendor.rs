@@ -98,6 +98,9 @@ unsafe impl Send for Loaded {}
 
 struct State {
     target: Option<Target>,
+    /// Why the last `load` failed, when there is more to say than an error
+    /// code (for the control socket's answer).
+    load_error: Option<String>,
     /// The vendor libraries in use, fixed at first load.
     paths: Option<Vec<PathBuf>>,
     loaded: Vec<Option<Loaded>>,
@@ -110,6 +113,7 @@ struct State {
 
 static STATE: Mutex<State> = Mutex::new(State {
     target: None,
+    load_error: None,
     paths: None,
     loaded: Vec::new(),
     platforms: Vec::new(),
@@ -150,51 +154,107 @@ fn is_crane(path: &str, own: Option<&Path>) -> bool {
     matches!((resolved, own), (Some(a), Some(b)) if a == b)
 }
 
-/// The vendor libraries to wrap: `CRANE_VENDOR`, else `OCL_ICD_FILENAMES`, else
-/// the ICD files in `OCL_ICD_VENDORS` (or /etc/OpenCL/vendors) and
-/// /etc/crane/vendors.d, skipping crane's own entry.
+/// Whether crane was loaded as an ICD behind an ICD loader (ICD mode). The
+/// application's OpenCL calls then bind to another library's `clGetPlatformIDs`:
+/// the loader's, found in the global scope, or, where the application opened
+/// the loader with `RTLD_LOCAL`, in the loaded `libOpenCL.so.1`. Preloaded or
+/// standing in for `libOpenCL.so.1`, crane's own comes first.
+pub fn behind_icd_loader() -> bool {
+    let ours = crate::api::platform::clGetPlatformIDs as *mut c_void;
+    let name = c"clGetPlatformIDs";
+    // SAFETY: dlsym with the RTLD_DEFAULT pseudo-handle and a C string.
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if !global.is_null() {
+        return global != ours;
+    }
+    // SAFETY: RTLD_NOLOAD only looks up an object already loaded.
+    let h = unsafe {
+        libc::dlopen(
+            c"libOpenCL.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return false;
+    }
+    // SAFETY: `h` is a live handle; dlclose drops the reference RTLD_NOLOAD took.
+    let theirs = unsafe { libc::dlsym(h, name.as_ptr()) };
+    // SAFETY: as above.
+    unsafe { libc::dlclose(h) };
+    !theirs.is_null() && theirs != ours
+}
+
+/// The library named on the first line of an ICD file.
+fn icd_library(file: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(file).ok()?;
+    let lib = s.lines().next()?.trim();
+    (!lib.is_empty()).then(|| lib.to_string())
+}
+
+/// The libraries named by the `.icd` files of a directory, in file-name order.
+fn icd_dir(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "icd"))
+        .collect();
+    files.sort();
+    files.iter().filter_map(|f| icd_library(f)).collect()
+}
+
+/// What ocl-icd would load from `OCL_ICD_VENDORS`: the `.icd` files of a
+/// directory, the one library an `.icd` file names, or a library.
+fn ocl_icd_vendors(v: &std::ffi::OsStr) -> Vec<String> {
+    let p = Path::new(v);
+    if p.is_dir() {
+        icd_dir(p)
+    } else if p.extension().is_some_and(|e| e == "icd") {
+        icd_library(p).into_iter().collect()
+    } else {
+        vec![v.to_string_lossy().into_owned()]
+    }
+}
+
+/// The vendor libraries to wrap, crane's own entry skipped:
+/// * `CRANE_VENDOR`, if set;
+/// * in ICD mode (`behind_icd_loader`), the ICD files in `CRANE_VENDORS_DIR`
+///   only: the loader itself loads those in its own directory and in
+///   `OCL_ICD_FILENAMES`, and wrapping them as well would show each vendor
+///   twice (see `cranectl install-icd`);
+/// * otherwise crane is the process's OpenCL library and finds vendors as the
+///   ocl-icd loader would: `OCL_ICD_FILENAMES`, else `OCL_ICD_VENDORS` (or the
+///   ICD files in /etc/OpenCL/vendors), then `CRANE_VENDORS_DIR`.
 pub fn discover() -> Vec<PathBuf> {
     let own = own_path();
     let keep = |s: &str| !s.is_empty() && !is_crane(s, own.as_deref());
-    if let Some(v) = &config::get().vendor_override {
-        return v
-            .split(':')
-            .filter(|s| keep(s))
-            .map(PathBuf::from)
-            .collect();
-    }
-    if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
-        let list: Vec<PathBuf> = v
-            .split(':')
-            .filter(|s| keep(s))
-            .map(PathBuf::from)
-            .collect();
-        if !list.is_empty() {
-            return list;
+    let cfg = config::get();
+    let mut found: Vec<String> = Vec::new();
+    if let Some(v) = &cfg.vendor_override {
+        found.extend(v.split(':').map(str::to_string));
+    } else if behind_icd_loader() {
+        debug!(
+            "loaded by an ICD loader: wrapping the vendors in {}",
+            cfg.vendors_dir.display()
+        );
+        found = icd_dir(&cfg.vendors_dir);
+    } else {
+        if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
+            found.extend(v.split(':').filter(|s| keep(s)).map(str::to_string));
+        }
+        if found.is_empty() {
+            found = match std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty()) {
+                Some(v) => ocl_icd_vendors(&v),
+                None => icd_dir(Path::new("/etc/OpenCL/vendors")),
+            };
+            found.extend(icd_dir(&cfg.vendors_dir));
         }
     }
-    let dirs = [
-        std::env::var_os("OCL_ICD_VENDORS")
-            .map_or_else(|| PathBuf::from("/etc/OpenCL/vendors"), PathBuf::from),
-        PathBuf::from("/etc/crane/vendors.d"),
-    ];
-    let mut out = Vec::new();
-    for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        let mut files: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "icd"))
-            .collect();
-        files.sort();
-        for f in files {
-            if let Ok(s) = std::fs::read_to_string(&f) {
-                let lib = s.lines().next().unwrap_or("").trim().to_string();
-                if keep(&lib) && !out.iter().any(|p: &PathBuf| p.as_os_str() == lib.as_str()) {
-                    out.push(PathBuf::from(lib));
-                }
-            }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for lib in found {
+        if keep(&lib) && !out.iter().any(|p| p.as_os_str() == lib.as_str()) {
+            out.push(PathBuf::from(lib));
         }
     }
     out
@@ -271,6 +331,11 @@ pub fn target() -> Target {
     st.target.get_or_insert_with(config::initial_target).clone()
 }
 
+/// Why the last `load` failed, if it said.
+pub fn take_load_error() -> Option<String> {
+    state().load_error.take()
+}
+
 pub fn set_target(t: Target) {
     state().target = Some(t);
 }
@@ -329,6 +394,7 @@ pub fn load() -> ClResult<()> {
             Ok(l) => loaded.push(Some(l)),
             Err(e) => {
                 warn!("{e}");
+                st.load_error = Some(e);
                 return Err(CL_DEVICE_NOT_AVAILABLE);
             }
         },

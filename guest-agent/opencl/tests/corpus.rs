@@ -9,98 +9,13 @@ use std::time::{Duration, Instant};
 use crane_control::{Request, call, socket_path};
 
 mod common;
-use common::apps::{Rng, apps, native, result_line};
-use common::library;
-
-struct Run {
-    result: String,
-    cycles: usize,
-}
-
-/// Runs `app` under crane, suspending and resuming it at random moments until it
-/// exits. Every suspend must leave no device descriptor or mapping behind.
-fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize) -> Run {
-    let run_dir =
-        std::env::temp_dir().join(format!("crane-corpus-{}-{app}-{seed}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&run_dir);
-    let child = Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let sock = socket_path(&run_dir, pid);
-    let mut rng = Rng(seed | 1);
-    let mut cycles = 0;
-    let start = Instant::now();
-    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
-    while !waiter.is_finished() && cycles < max_cycles && start.elapsed() < Duration::from_secs(120)
-    {
-        std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
-        if !sock.exists() {
-            continue;
-        }
-        let Ok(r) = call(
-            &sock,
-            &Request::Suspend {
-                deadline_ms: 20_000,
-            },
-            Duration::from_secs(60),
-        ) else {
-            continue;
-        };
-        if !r.ok {
-            // The process may be exiting; anything else is a failure.
-            assert!(waiter.is_finished(), "{app}: suspend failed: {:?}", r.error);
-            continue;
-        }
-        let res = r.residue.expect("suspend reports residue");
-        assert!(
-            res.device_fds.is_empty() && res.device_mappings.is_empty(),
-            "{app}: device left behind: {res:?}"
-        );
-        // Vendor threads: asserted strictly in `twenty_cycles_leave_nothing`;
-        // some corpus programs still leave PoCL's workers (known, tracked).
-        if !res.vendor_threads.is_empty() {
-            eprintln!(
-                "{app}: vendor threads still running after suspend: {:?}",
-                res.vendor_threads
-            );
-        }
-        std::thread::sleep(Duration::from_millis(rng.below(20)));
-        // A process whose remaining work needs no OpenCL may finish while
-        // suspended; otherwise resume must answer and succeed.
-        let r = match call(&sock, &Request::Resume, Duration::from_secs(60)) {
-            Ok(r) => r,
-            Err(e) => {
-                std::thread::sleep(Duration::from_millis(200));
-                assert!(waiter.is_finished(), "{app}: resume not answered: {e}");
-                break;
-            }
-        };
-        assert!(r.ok, "{app}: resume failed: {:?}", r.error);
-        cycles += 1;
-    }
-    let out = waiter.join().unwrap();
-    let _ = std::fs::remove_dir_all(&run_dir);
-    assert!(
-        out.status.success(),
-        "{app} failed under crane: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Run {
-        result: result_line(&out.stdout),
-        cycles,
-    }
-}
+use common::{Mode, apps, interrupted, library, native, result_line};
 
 fn check(app: &str, iters: &str) {
     let want = native(app, iters);
+    let preload = Mode::preload();
     for seed in [0x9e3779b97f4a7c15u64, 0x2545f4914f6cdd1d] {
-        let run = interrupted(app, iters, seed, 40);
+        let run = interrupted(app, iters, seed, 40, &preload);
         assert_eq!(
             run.result, want,
             "{app} (seed {seed:#x}, {} cycles) differs from native",

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
-use common::apps::{Rng, apps, native, result_line};
-use common::{built, library};
+use common::{Rng, apps, built, library, native, result_line};
 
 /// A crane-proxy process for one test, killed when dropped.
 struct Proxy {
@@ -169,6 +168,10 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
         }
         mode = next;
         switches += 1;
+    }
+    if mode == Mode::Suspended && !waiter.is_finished() {
+        let r = call(&sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+        assert!(r.ok, "{app}: final resume failed: {:?}", r.error);
     }
     let out = waiter.join().unwrap();
     let _ = std::fs::remove_dir_all(&run_dir);

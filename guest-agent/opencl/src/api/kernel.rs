@@ -516,3 +516,39 @@ pub unsafe extern "C" fn clGetKernelSubGroupInfo(
         })
     })
 }
+
+/// cl_khr_subgroups' query (OpenCL 2.0 vendors have only this one); the same
+/// as clGetKernelSubGroupInfo, forwarded to whichever of the two the vendor
+/// has.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetKernelSubGroupInfoKHR(
+    k: cl_kernel,
+    d: cl_device_id,
+    param: cl_kernel_sub_group_info,
+    in_size: usize,
+    input: *const c_void,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
+    entry::status(false, || {
+        let v = vendor_of::<Kernel>(k.cast(), CL_INVALID_KERNEL)?;
+        let vd = optional_device(d)?;
+        let f =
+            vfn!(v, clGetKernelSubGroupInfoKHR).or_else(|_| vfn!(v, clGetKernelSubGroupInfo))?;
+        // SAFETY: forwarding with the vendor device; both functions take the
+        // same arguments.
+        check(unsafe {
+            f(
+                v.cast(),
+                vd.cast(),
+                param,
+                in_size,
+                input,
+                size,
+                value,
+                size_ret,
+            )
+        })
+    })
+}

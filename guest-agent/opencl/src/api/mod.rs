@@ -7,6 +7,7 @@
 pub mod context;
 pub mod enqueue;
 pub mod event;
+pub mod interop;
 pub mod kernel;
 pub mod memory;
 pub mod platform;

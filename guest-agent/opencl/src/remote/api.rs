@@ -364,9 +364,16 @@ fn root_devices(p: *mut c_void) -> R<&'static [(usize, cl_device_type)]> {
     }
     let s = &po.session;
     let list = |ids: Vec<Id>| -> R<u32> {
-        let call = Call::GetDeviceIds { platform: po.id, device_type: CL_DEVICE_TYPE_ALL, ids };
+        let call = Call::GetDeviceIds {
+            platform: po.id,
+            device_type: CL_DEVICE_TYPE_ALL,
+            ids,
+        };
         match s.call(&call, &[], Dest::Keep)?.0 {
-            Answer::Count { status: CL_SUCCESS, count } => Ok(count),
+            Answer::Count {
+                status: CL_SUCCESS,
+                count,
+            } => Ok(count),
             Answer::Count { status, .. } => Err(status),
             _ => Err(CL_INVALID_OPERATION),
         }
@@ -378,7 +385,14 @@ fn root_devices(p: *mut c_void) -> R<&'static [(usize, cl_device_type)]> {
     for &id in ids.iter().take(got as usize) {
         let d = RObj::create(s, id, 0);
         let mut ty: cl_device_type = 0;
-        let rc = info(d, InfoKind::Device, CL_DEVICE_TYPE, size_of::<cl_device_type>(), (&raw mut ty).cast(), std::ptr::null_mut());
+        let rc = info(
+            d,
+            InfoKind::Device,
+            CL_DEVICE_TYPE,
+            size_of::<cl_device_type>(),
+            (&raw mut ty).cast(),
+            std::ptr::null_mut(),
+        );
         if rc != CL_SUCCESS {
             return Err(rc);
         }
@@ -388,7 +402,13 @@ fn root_devices(p: *mut c_void) -> R<&'static [(usize, cl_device_type)]> {
     Ok(po.devices.get_or_init(|| devs))
 }
 
-pub unsafe extern "C" fn rGetDeviceIDs(p: cl_platform_id, ty: cl_device_type, n: cl_uint, out: *mut cl_device_id, num: *mut cl_uint) -> cl_int {
+pub unsafe extern "C" fn rGetDeviceIDs(
+    p: cl_platform_id,
+    ty: cl_device_type,
+    n: cl_uint,
+    out: *mut cl_device_id,
+    num: *mut cl_uint,
+) -> cl_int {
     guard(|| {
         let all = root_devices(p.cast())?;
         let pick: Vec<usize> = if ty == CL_DEVICE_TYPE_ALL {
