@@ -21,22 +21,33 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 mod entry;
+mod fault;
 pub mod gate;
 pub mod handle;
 pub mod lifecycle;
 pub mod objects;
 pub mod vendor;
 
+// Every entry point turns a panic into an error code with catch_unwind, which
+// only works if panics unwind.
+#[cfg(panic = "abort")]
+compile_error!("libcrane_opencl.so must be built with panic = \"unwind\" (see entry.rs)");
+
 /// Runs when the library is loaded. PoCL joins its worker threads on
 /// clUnloadPlatformCompiler only if POCL_ENABLE_UNINIT is set in the
 /// environment, and the environment may only be changed safely before the
 /// application starts threads: LD_PRELOAD and drop-in loading run this before
-/// `main`.
+/// `main`. The panic hook is crane's only when crane is a shared object of its
+/// own (a test program linking the rlib keeps the usual one).
 extern "C" fn on_load() {
     if std::env::var_os("POCL_ENABLE_UNINIT").is_none() {
         // SAFETY: runs from the dynamic loader's initialisers, before the
         // application's own code, when no other thread reads the environment.
         unsafe { std::env::set_var("POCL_ENABLE_UNINIT", "1") };
+    }
+    let exe = std::env::current_exe().and_then(std::fs::canonicalize).ok();
+    if vendor::own_path().is_some_and(|own| Some(own) != exe) {
+        entry::install_panic_hook();
     }
 }
 
