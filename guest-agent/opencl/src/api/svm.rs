@@ -85,14 +85,16 @@ unsafe extern "C" fn svm_free_trampoline(
     // SAFETY: the Box made in clEnqueueSVMFree; the vendor calls back once.
     let b = unsafe { Box::from_raw(ud.cast::<SvmFreeNotify>()) };
     let _pass = crate::gate::enter_callback();
-    // SAFETY: the application's callback with crane's queue and its own data.
-    let _ = std::panic::catch_unwind(|| unsafe {
-        (b.func)(
-            b.queue as cl_command_queue,
-            n,
-            ptrs,
-            b.user_data as *mut c_void,
-        )
+    entry::callback("svm_free_trampoline", || {
+        // SAFETY: the application's callback with crane's queue and its own data.
+        unsafe {
+            (b.func)(
+                b.queue as cl_command_queue,
+                n,
+                ptrs,
+                b.user_data as *mut c_void,
+            )
+        }
     });
 }
 
