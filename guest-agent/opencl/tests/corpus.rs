@@ -3,30 +3,13 @@
 //! at random moments, must print exactly what an uninterrupted native run
 //! prints. Needs gcc and an OpenCL ICD; see testapps/README.md.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crane_control::{Request, call, socket_path};
 
 mod common;
-use common::{library, repo};
-
-/// Builds the corpus once per test binary.
-fn apps() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = repo().join("target/testapps");
-        let st = Command::new("bash")
-            .arg(repo().join("testapps/build.sh"))
-            .arg(&out)
-            .status()
-            .expect("run testapps/build.sh");
-        assert!(st.success(), "building the corpus failed");
-        out
-    })
-}
+use common::{apps, library};
 
 fn result_line(out: &[u8]) -> String {
     String::from_utf8_lossy(out)

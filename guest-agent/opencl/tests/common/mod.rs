@@ -8,6 +8,22 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The test programs (testapps/build.sh), built once per test binary.
+#[allow(dead_code)] // not every test binary runs test programs
+pub fn apps() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = repo().join("target/testapps");
+        let st = Command::new("bash")
+            .arg(repo().join("testapps/build.sh"))
+            .arg(&out)
+            .status()
+            .expect("run testapps/build.sh");
+        assert!(st.success(), "building the test programs failed");
+        out
+    })
+}
+
 /// The cdylib under test. `cargo test` builds this crate as an rlib only, so
 /// the shared object is built here when it is missing (`cargo xtask test`
 /// builds it first).
