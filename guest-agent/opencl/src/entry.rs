@@ -12,8 +12,9 @@ use crate::{fault, gate};
 /// there is a failure to allocate resources required by the OpenCL
 /// implementation on the host" is the one code every entry point may return,
 /// so every application already handles it. The application's thread keeps
-/// running; the panic message has gone to stderr as one line (`panic_hook`).
-pub const PANIC_CODE: cl_int = CL_OUT_OF_HOST_MEMORY;
+/// running; the panic message has gone to stderr as one line
+/// (`install_panic_hook`).
+const PANIC_CODE: cl_int = CL_OUT_OF_HOST_MEMORY;
 
 pub type ClResult<T> = Result<T, cl_int>;
 
