@@ -21,12 +21,18 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 mod entry;
+mod fault;
 pub mod gate;
 pub mod handle;
 pub mod lifecycle;
 pub mod objects;
 pub mod remote;
 pub mod vendor;
+
+// Every entry point turns a panic into an error code with catch_unwind, which
+// only works if panics unwind.
+#[cfg(panic = "abort")]
+compile_error!("libcrane_opencl.so must be built with panic = \"unwind\" (see entry.rs)");
 
 /// Runs when the library is loaded. PoCL joins its worker threads on
 /// clUnloadPlatformCompiler only if POCL_ENABLE_UNINIT is set in the
@@ -36,6 +42,8 @@ pub mod vendor;
 /// makes the loader open it, and the variable is then set only if the process
 /// still has a single thread (otherwise PoCL's workers outlive a suspend, which
 /// the suspend reply reports).
+/// The panic hook is crane's only when crane is a shared object of its own (a
+/// test program linking the rlib keeps the usual one).
 extern "C" fn on_load() {
     if std::env::var_os("POCL_ENABLE_UNINIT").is_some() {
         return;
@@ -46,6 +54,10 @@ extern "C" fn on_load() {
         unsafe { std::env::set_var("POCL_ENABLE_UNINIT", "1") };
     } else {
         config::debug!("{threads} threads at load: POCL_ENABLE_UNINIT left unset");
+    }
+    let exe = std::env::current_exe().and_then(std::fs::canonicalize).ok();
+    if vendor::own_path().is_some_and(|own| Some(own) != exe) {
+        entry::install_panic_hook();
     }
 }
 

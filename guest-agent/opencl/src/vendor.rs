@@ -125,7 +125,7 @@ fn state() -> std::sync::MutexGuard<'static, State> {
 }
 
 /// The path of this library, so that discovery does not wrap crane itself.
-fn own_path() -> Option<PathBuf> {
+pub(crate) fn own_path() -> Option<PathBuf> {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: dladdr fills `info` for an address inside a loaded object.
     let ok = unsafe { libc::dladdr(own_path as *const c_void, info.as_mut_ptr()) };

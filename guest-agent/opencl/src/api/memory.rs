@@ -607,12 +607,13 @@ pub unsafe extern "C" fn clGetImageInfo(
                     .map_or(std::ptr::null_mut(), |b| b.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
-            (MemKind::Image { .. }, _) => {
+            // Other objects too go to the vendor, which decides what an image
+            // query on a buffer answers.
+            _ => {
                 let v = mem.base.vendor();
                 // SAFETY: forwarding.
                 check(unsafe { vfn!(v, clGetImageInfo)?(v.cast(), param, size, value, size_ret) })
             }
-            _ => Err(CL_INVALID_MEM_OBJECT),
         }
     })
 }

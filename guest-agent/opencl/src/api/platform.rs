@@ -48,8 +48,9 @@ pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
     entry::status(false, || get_platform_ids(n, out, n_ret))
 }
 
-/// Resolves a platform argument; null means "the first platform", as vendors
-/// allow.
+/// Resolves a platform argument; null means "the first platform", as the ICD
+/// loader does (ocl-icd replaces a null platform by its default one before
+/// dispatching).
 fn platform_or_default(p: cl_platform_id) -> ClResult<Arc<Platform>> {
     if p.is_null() {
         return vendor::platforms()?
@@ -327,7 +328,7 @@ pub unsafe extern "C" fn clUnloadCompiler() -> cl_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clUnloadPlatformCompiler(p: cl_platform_id) -> cl_int {
     entry::status(false, || {
-        let v = vendor_of::<Platform>(p.cast(), CL_INVALID_PLATFORM)?;
+        let v = platform_or_default(p)?.base.vendor();
         // SAFETY: forwarding.
         check(unsafe { vfn!(v, clUnloadPlatformCompiler)?(v.cast()) })
     })
