@@ -1,5 +1,5 @@
 /* A flat sampling profiler for machines without perf: LD_PRELOAD it with
- * PROF_OUT=file; every 50 us of CPU time (ITIMER_PROF) it records the
+ * PROF_OUT=file; every millisecond of CPU time (ITIMER_PROF) it records the
  * interrupted instruction pointer, and at exit it writes the samples grouped by
  * shared object and by symbol (or offset, for stripped objects).
  * Build: gcc -O2 -shared -fPIC -o prof.so prof.c -ldl */
@@ -36,7 +36,7 @@ __attribute__((constructor)) static void start(void)
     sa.sa_sigaction = on_prof;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigaction(SIGPROF, &sa, NULL);
-    struct itimerval it = {{0, 50}, {0, 50}};
+    struct itimerval it = {{0, 1000}, {0, 1000}};
     setitimer(ITIMER_PROF, &it, NULL);
 }
 

@@ -35,7 +35,7 @@ static double now(void)
 }
 
 static const char *src =
-    "__kernel void step(__global uint *a, __global const uint *b, uint k) {\n"
+    "__kernel void advance(__global uint *a, __global const uint *b, uint k) {\n"
     "  size_t i = get_global_id(0); a[i] = a[i] * 1664525u + b[i] + k; }\n";
 
 int main(int argc, char **argv)
@@ -52,6 +52,9 @@ int main(int argc, char **argv)
     }
     cl_device_id dev;
     CHECK(clGetDeviceIDs(ps[pi], CL_DEVICE_TYPE_ALL, 1, &dev, NULL));
+    char dname[256] = "";
+    CHECK(clGetDeviceInfo(dev, CL_DEVICE_NAME, sizeof dname - 1, dname, NULL));
+    printf("DEVICE %s\n", dname);
     cl_int err;
     cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
     CHECK(err);
@@ -60,7 +63,7 @@ int main(int argc, char **argv)
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     CHECK(err);
     CHECK(clBuildProgram(prog, 1, &dev, "", NULL, NULL));
-    cl_kernel k = clCreateKernel(prog, "step", &err);
+    cl_kernel k = clCreateKernel(prog, "advance", &err);
     CHECK(err);
 
     /* Frame loop. */

@@ -18,6 +18,9 @@ pub struct Config {
     /// `CRANE_WRITE_CACHE=0` turns off keeping host writes in RAM (saves memory,
     /// costs read-back at suspend).
     pub write_cache: bool,
+    /// `CRANE_WRITE_CACHE_MAX` (bytes, default 1 MiB): host writes larger
+    /// than this are not kept; their buffer is read back at suspend.
+    pub write_cache_max: usize,
     /// `CRANE_CONTROL=0` starts no control socket (for benchmarks of the bare
     /// forwarding path).
     pub control_socket: bool,
@@ -48,6 +51,10 @@ pub fn get() -> &'static Config {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/run/crane")),
             write_cache: flag("CRANE_WRITE_CACHE", true),
+            write_cache_max: std::env::var("CRANE_WRITE_CACHE_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1 << 20),
             control_socket: flag("CRANE_CONTROL", true),
             remote_batch: flag("CRANE_REMOTE_BATCH", true),
             emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),

@@ -157,6 +157,14 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     release_all();
     unload_compilers();
     tm.lap("release", 0);
+    if let Some(ms) = std::env::var("CRANE_UNLOAD_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // Diagnostics (docs/architecture.md, NVIDIA): let the vendor's threads
+        // finish what they still owe before its code is unmapped.
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     let reports = vendor::unload(&policy());
     let mut res = residue();
     for r in reports {

@@ -109,7 +109,13 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
 fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     let root = mem.root();
     root.ever_written.store(true, Ordering::Relaxed);
-    if !crate::config::get().write_cache || root.flags & CL_MEM_USE_HOST_PTR != 0 || root.is_image()
+    let cfg = crate::config::get();
+    // Large writes are not copied (the copy would cost as much as the write
+    // itself); the buffer is read back at suspend instead.
+    if !cfg.write_cache
+        || size > cfg.write_cache_max
+        || root.flags & CL_MEM_USE_HOST_PTR != 0
+        || root.is_image()
     {
         if root.flags & CL_MEM_USE_HOST_PTR == 0 {
             root.dirty.store(true, Ordering::Relaxed);
