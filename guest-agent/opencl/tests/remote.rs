@@ -272,11 +272,11 @@ fn starts_remote_then_goes_local() {
 #[test]
 fn two_tenants_share_one_proxy() {
     let proxy = Proxy::start("two", true, &[("tok-a", "a"), ("tok-b", "b")]);
-    let want_a = native("pingpong", "6000");
-    let want_b = native("images", "2000");
+    let want_a = native("pingpong", "4000");
+    let want_b = native("copies", "1500");
     std::thread::scope(|s| {
-        let a = s.spawn(|| switching("pingpong", "6000", 7, &proxy, "tok-a"));
-        let b = s.spawn(|| switching("images", "2000", 11, &proxy, "tok-b"));
+        let a = s.spawn(|| switching("pingpong", "4000", 7, &proxy, "tok-a"));
+        let b = s.spawn(|| switching("copies", "1500", 11, &proxy, "tok-b"));
         let (a, b) = (a.join().unwrap(), b.join().unwrap());
         assert_eq!(a.result, want_a);
         assert_eq!(b.result, want_b);
