@@ -80,6 +80,10 @@ pub struct Stats {
     pub refused: u64,
     /// Panics caught (each ended one session).
     pub panics: u64,
+    /// Host memory held for reads and writes in flight, all sessions
+    /// together (sessions that ended included, while the vendor still
+    /// runs their commands).
+    pub staging_bytes: u64,
 }
 
 impl Stats {
@@ -109,6 +113,8 @@ pub(crate) struct Shared {
     refused: AtomicU64,
     panics: AtomicU64,
     stopping: AtomicBool,
+    /// Host bytes held for transfers in flight, over all sessions.
+    pub staging: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -204,6 +210,7 @@ impl Proxy {
             refused: AtomicU64::new(0),
             panics: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
+            staging: Arc::default(),
         });
         let mut acceptors = Vec::new();
         for (l, b) in listeners.into_iter().zip(&bound) {
@@ -253,6 +260,7 @@ impl Proxy {
             sessions_opened: self.shared.opened.load(Ordering::Relaxed),
             refused: self.shared.refused.load(Ordering::Relaxed),
             panics: self.shared.panics.load(Ordering::Relaxed),
+            staging_bytes: self.shared.staging.load(Ordering::Acquire),
         }
     }
 
@@ -340,7 +348,9 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
             },
             &[],
         );
-        stream.shutdown(Shutdown::Both);
+        // FIN after the Goodbye; not drained, so that a flood of
+        // connections cannot hold the accept thread.
+        stream.shutdown(Shutdown::Write);
         return;
     }
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);

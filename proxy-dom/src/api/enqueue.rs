@@ -55,10 +55,7 @@ impl Session {
             What::Read { data, .. } | What::Staging { data } => data.len() as u64,
             _ => 0,
         };
-        self.completion
-            .inflight
-            .staging
-            .fetch_add(bytes, Ordering::AcqRel);
+        self.completion.inflight.hold(bytes);
         let registered = self.completion.register(ev, CL_COMPLETE, what);
         if !ev.get().is_null() {
             release(Kind::Event, crate::session::objects::Detail::Plain, ev);

@@ -86,8 +86,8 @@ impl Session {
         match o.kind {
             Kind::Mem | Kind::Sampler | Kind::Queue => o.handle.map_err(CallError::Cl),
             other => Err(CallError::Violation(format!(
-                "id {id} names a {}, which cannot be a kernel argument",
-                other.name()
+                "id {id} names {}, which cannot be a kernel argument",
+                other.a()
             ))),
         }
     }

@@ -5,12 +5,29 @@
 //! thread, which writes the answer and releases the event. A vendor thread
 //! therefore never blocks on a client's socket, and a wait on a user event
 //! never stops the session thread from running the call that sets it.
+//!
+//! Vendors do not always call back: PoCL 3.1 calls a callback only when
+//! the event reaches exactly the status it was registered for, so a
+//! command that fails (its wait list failed) never calls its CL_COMPLETE
+//! callback, and a CL_RUNNING callback never comes for a user event. The
+//! completion thread therefore also polls the status of its session's
+//! pending events while any are pending, and completes those the vendor
+//! has finished but not reported. A registration's reference to its event
+//! is released only on the completion thread, so polling never touches a
+//! released event.
+//!
+//! The vendor is handed a token, not a pointer: registrations live in one
+//! table, and whichever of the vendor's callback and the poll takes a
+//! registration out of it completes it; the other finds nothing.
+//! Registrations without host memory (client callbacks, waits, finishes)
+//! are dropped when their session ends.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,6 +40,8 @@ use crate::vendor::{VPtr, vfn};
 
 /// How long a stopping completion thread waits for callbacks still owed.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How often pending events are polled (only while some are pending).
+const POLL: Duration = Duration::from_millis(100);
 
 /// What a session has in flight.
 #[derive(Debug, Default)]
@@ -31,6 +50,20 @@ pub(crate) struct Inflight {
     pub callbacks: AtomicU64,
     /// Host bytes held for reads and writes still running.
     pub staging: AtomicU64,
+    /// The same, summed over the proxy's sessions (for its statistics).
+    pub proxy_staging: Arc<AtomicU64>,
+}
+
+impl Inflight {
+    pub fn hold(&self, bytes: u64) {
+        self.staging.fetch_add(bytes, Ordering::AcqRel);
+        self.proxy_staging.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    fn free(&self, bytes: u64) {
+        self.staging.fetch_sub(bytes, Ordering::AcqRel);
+        self.proxy_staging.fetch_sub(bytes, Ordering::AcqRel);
+    }
 }
 
 /// What to do when an event completes.
@@ -86,11 +119,17 @@ enum Done {
         release: VPtr,
     },
     Release(VPtr),
+    /// Something is pending now: start polling.
+    Wake,
     Stop,
 }
 
 /// The user data of one vendor callback registration.
 struct Pending {
+    /// The [`Completion`] that registered it.
+    owner: u64,
+    /// The status the registration waits for.
+    trigger: cl_int,
     tx: Sender<Done>,
     inflight: Arc<Inflight>,
     /// The callback's own reference to the event, released by the
@@ -106,6 +145,7 @@ impl Pending {
             inflight,
             event,
             what,
+            ..
         } = self;
         let answer = |seq, answer, data| Done::Answer {
             seq,
@@ -115,9 +155,7 @@ impl Pending {
         };
         let done = match what {
             What::Read { seq, data } => {
-                inflight
-                    .staging
-                    .fetch_sub(data.len() as u64, Ordering::Relaxed);
+                inflight.free(data.len() as u64);
                 if status < 0 {
                     answer(seq, Answer::Data(status), Vec::new())
                 } else {
@@ -126,9 +164,7 @@ impl Pending {
             }
             What::Finish { seq } => answer(seq, Answer::Status(CL_SUCCESS), Vec::new()),
             What::Staging { data } => {
-                inflight
-                    .staging
-                    .fetch_sub(data.len() as u64, Ordering::Relaxed);
+                inflight.free(data.len() as u64);
                 drop(data);
                 Done::Release(event)
             }
@@ -144,13 +180,22 @@ impl Pending {
     }
 }
 
+/// Registrations whose callbacks have not come yet, by token.
+static PENDING: LazyLock<Mutex<HashMap<usize, Pending>>> = LazyLock::new(Mutex::default);
+static NEXT_TOKEN: AtomicUsize = AtomicUsize::new(1);
+
+fn pending() -> MutexGuard<'static, HashMap<usize, Pending>> {
+    PENDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The vendor callback: runs on a vendor thread, hands over, returns.
 unsafe extern "C" fn on_event(_event: cl_event, status: cl_int, user_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `user_data` is the Box that `register` leaked for exactly
-        // one registration, and the vendor calls each registration once.
-        let pending = unsafe { Box::from_raw(user_data.cast::<Pending>()) };
-        pending.fire(status);
+        // The token may be gone: its session ended and dropped it.
+        let found = pending().remove(&(user_data as usize));
+        if let Some(p) = found {
+            p.fire(status);
+        }
     }));
 }
 
@@ -163,22 +208,34 @@ fn release_event(e: VPtr) {
 
 /// A session's completion thread and the way to it.
 pub(crate) struct Completion {
+    /// Unique in the process (session ids are unique only per proxy).
+    owner: u64,
     tx: Sender<Done>,
     pub inflight: Arc<Inflight>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Completion {
-    pub fn start(writer: Arc<Writer>, session: u64) -> std::io::Result<Completion> {
+    pub fn start(
+        writer: Arc<Writer>,
+        session: u64,
+        proxy_staging: Arc<AtomicU64>,
+    ) -> std::io::Result<Completion> {
         let (tx, rx) = mpsc::channel();
-        let inflight = Arc::new(Inflight::default());
+        let inflight = Arc::new(Inflight {
+            proxy_staging,
+            ..Inflight::default()
+        });
+        static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+        let owner = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
         let thread = {
             let inflight = inflight.clone();
             std::thread::Builder::new()
                 .name(format!("crane-done-{session}"))
-                .spawn(move || run(rx, &writer, &inflight))?
+                .spawn(move || run(rx, &writer, &inflight, owner))?
         };
         Ok(Completion {
+            owner,
             tx,
             inflight,
             thread: Some(thread),
@@ -198,31 +255,46 @@ impl Completion {
             return Err(CL_OUT_OF_RESOURCES);
         }
         crate::session::retain_event(event);
-        self.inflight.callbacks.fetch_add(1, Ordering::AcqRel);
-        let pending = Box::new(Pending {
-            tx: self.tx.clone(),
-            inflight: self.inflight.clone(),
-            event,
-            what,
-        });
-        let (pending, rc) = match vfn!(event.get(), clSetEventCallback) {
-            Ok(set_cb) => {
-                let raw = Box::into_raw(pending);
-                // SAFETY: `on_event` matches the callback signature; `raw`
-                // stays valid until the callback takes it back.
-                let rc = unsafe { set_cb(event.get().cast(), trigger, Some(on_event), raw.cast()) };
-                if rc == CL_SUCCESS {
-                    return Ok(());
-                }
-                // SAFETY: the vendor refused the registration, so `raw` is
-                // still ours.
-                (unsafe { Box::from_raw(raw) }, rc)
-            }
-            Err(e) => (pending, e),
+        if self.inflight.callbacks.fetch_add(1, Ordering::AcqRel) == 0 {
+            // The completion thread sleeps without a timeout while nothing
+            // is pending: wake it so that it polls.
+            let _ = self.tx.send(Done::Wake);
+        }
+        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        pending().insert(
+            token,
+            Pending {
+                owner: self.owner,
+                trigger,
+                tx: self.tx.clone(),
+                inflight: self.inflight.clone(),
+                event,
+                what,
+            },
+        );
+        let rc = match vfn!(event.get(), clSetEventCallback) {
+            // SAFETY: `on_event` matches the callback signature; the user
+            // data is a token, never dereferenced.
+            Ok(set_cb) => unsafe {
+                set_cb(
+                    event.get().cast(),
+                    trigger,
+                    Some(on_event),
+                    token as *mut c_void,
+                )
+            },
+            Err(e) => e,
         };
-        if let What::Fired { .. } = pending.what {
+        if rc == CL_SUCCESS {
+            return Ok(());
+        }
+        let Some(p) = pending().remove(&token) else {
+            // The vendor refused, yet called back: nothing is left to do.
+            return Ok(());
+        };
+        if let What::Fired { .. } = p.what {
             self.inflight.callbacks.fetch_sub(1, Ordering::AcqRel);
-            release_event(event);
+            let _ = self.tx.send(Done::Release(event));
             return Err(rc);
         }
         limited!(
@@ -230,8 +302,34 @@ impl Completion {
             "the vendor refused an event callback ({rc}); waiting for the event on the session thread"
         );
         let status = wait_synchronously(event);
-        pending.fire(status);
+        p.fire(status);
         Ok(())
+    }
+
+    /// Drops the registrations of this session that hold no host memory
+    /// (client callbacks, waits, finishes): the session is ending, their
+    /// answers have nowhere to go, and their callbacks may never come.
+    pub fn drop_waits(&self) -> usize {
+        let dropped: Vec<Pending> = {
+            let mut map = pending();
+            let tokens: Vec<usize> = map
+                .iter()
+                .filter(|(_, p)| {
+                    p.owner == self.owner
+                        && matches!(
+                            p.what,
+                            What::Fired { .. } | What::WaitOne(_) | What::Finish { .. }
+                        )
+                })
+                .map(|(&t, _)| t)
+                .collect();
+            tokens.iter().filter_map(|t| map.remove(t)).collect()
+        };
+        for p in &dropped {
+            let _ = self.tx.send(Done::Release(p.event));
+            self.inflight.callbacks.fetch_sub(1, Ordering::AcqRel);
+        }
+        dropped.len()
     }
 
     /// Stops the thread once the callbacks still owed have run (or after a
@@ -260,37 +358,98 @@ fn wait_synchronously(event: VPtr) -> cl_int {
     if rc == CL_SUCCESS { CL_COMPLETE } else { rc }
 }
 
-fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight) {
+fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
     let mut stopping: Option<Instant> = None;
+    let mut next_poll = Instant::now() + POLL;
     loop {
-        let msg = match stopping {
-            None => match rx.recv() {
-                Ok(m) => m,
-                Err(_) => break,
-            },
-            Some(deadline) => {
-                if inflight.callbacks.load(Ordering::Acquire) == 0 {
-                    break;
-                }
-                match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) => {
-                        limited!(
-                            log::Level::Warn,
-                            "{} event callback(s) still owed when the session ended; their events stay with the vendor",
-                            inflight.callbacks.load(Ordering::Acquire)
-                        );
-                        break;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
+        let owed_now = inflight.callbacks.load(Ordering::Acquire) > 0;
+        if let Some(deadline) = stopping {
+            if !owed_now {
+                break;
             }
+            if Instant::now() >= deadline {
+                limited!(
+                    log::Level::Warn,
+                    "event callbacks still owed when the session ended ({}); their events and host memory stay with the vendor",
+                    owed(owner)
+                );
+                break;
+            }
+        }
+        let until = match (owed_now, stopping) {
+            (false, None) => None,
+            (false, Some(d)) => Some(d),
+            (true, None) => Some(next_poll),
+            (true, Some(d)) => Some(next_poll.min(d)),
         };
-        handle(msg, writer, &mut stopping);
+        let msg = match until {
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(t) => rx.recv_timeout(t.saturating_duration_since(Instant::now())),
+        };
+        match msg {
+            Ok(m) => handle(m, writer, &mut stopping),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        if owed_now && Instant::now() >= next_poll {
+            poll(owner);
+            next_poll = Instant::now() + POLL;
+        }
     }
     while let Ok(msg) = rx.try_recv() {
         handle(msg, writer, &mut stopping);
     }
+}
+
+/// Completes the registrations of `owner` whose events the vendor has
+/// finished (or failed) without calling back. Runs on the completion
+/// thread, which alone releases registrations' events: the events
+/// snapshotted here stay alive while they are queried.
+fn poll(owner: u64) {
+    let snapshot: Vec<(usize, VPtr, cl_int)> = pending()
+        .iter()
+        .filter(|(_, p)| p.owner == owner)
+        .map(|(&t, p)| (t, p.event, p.trigger))
+        .collect();
+    for (token, event, trigger) in snapshot {
+        let Ok(info) = vfn!(event.get(), clGetEventInfo) else {
+            continue;
+        };
+        let mut status: cl_int = CL_QUEUED;
+        // SAFETY: the registration holds a reference to `event`, released
+        // only by this thread; the value is one cl_int.
+        let rc = unsafe {
+            info(
+                event.get().cast(),
+                CL_EVENT_COMMAND_EXECUTION_STATUS,
+                size_of::<cl_int>(),
+                (&raw mut status).cast(),
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != CL_SUCCESS || status > trigger.max(CL_COMPLETE) {
+            continue;
+        }
+        let taken = pending().remove(&token);
+        if let Some(p) = taken {
+            // As a vendor would report it: the registered status, or the
+            // error the command ended with.
+            p.fire(if status < 0 { status } else { trigger });
+        }
+    }
+}
+
+/// What an owner's registrations still wait for, for the log.
+fn owed(owner: u64) -> String {
+    let (mut reads, mut writes, mut other) = (0, 0, 0);
+    for p in pending().values().filter(|p| p.owner == owner) {
+        match p.what {
+            What::Read { .. } => reads += 1,
+            What::Staging { .. } => writes += 1,
+            _ => other += 1,
+        }
+    }
+    format!("{reads} read(s), {writes} write(s), {other} other")
 }
 
 fn handle(msg: Done, writer: &Writer, stopping: &mut Option<Instant>) {
@@ -305,6 +464,7 @@ fn handle(msg: Done, writer: &Writer, stopping: &mut Option<Instant>) {
             release_event(release);
         }
         Done::Release(e) => release_event(e),
+        Done::Wake => {}
         Done::Stop => {
             stopping.get_or_insert_with(|| Instant::now() + STOP_GRACE);
         }

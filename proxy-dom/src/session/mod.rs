@@ -87,7 +87,9 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     let started = reader
         .clear_deadline()
         .map_err(|e| e.to_string())
-        .and_then(|()| Completion::start(writer.clone(), id).map_err(|e| e.to_string()));
+        .and_then(|()| {
+            Completion::start(writer.clone(), id, shared.staging.clone()).map_err(|e| e.to_string())
+        });
     let completion = match started {
         Ok(c) => c,
         Err(e) => {
@@ -748,6 +750,7 @@ impl Session {
         if !queues.is_empty() {
             self.drain_queues(queues);
         }
+        self.completion.drop_waits();
         self.completion.stop();
         let all = self.objects.take_for_teardown();
         let n = all.len();

@@ -44,6 +44,21 @@ impl Kind {
         }
     }
 
+    /// The name with its indefinite article, for messages.
+    pub fn a(self) -> &'static str {
+        match self {
+            Kind::Platform => "a platform",
+            Kind::Device => "a device",
+            Kind::Context => "a context",
+            Kind::Queue => "a command queue",
+            Kind::Mem => "a memory object",
+            Kind::Sampler => "a sampler",
+            Kind::Program => "a program",
+            Kind::Kernel => "a kernel",
+            Kind::Event => "an event",
+        }
+    }
+
     /// Teardown releases lower ranks first: dependents before what they
     /// depend on.
     fn teardown_rank(self, detail: &Detail) -> u8 {
@@ -230,9 +245,9 @@ impl Objects {
         let o = self.lookup(id)?;
         if o.kind != kind {
             return Err(CallError::Violation(format!(
-                "id {id} names a {}, not a {}",
-                o.kind.name(),
-                kind.name()
+                "id {id} names {}, not {}",
+                o.kind.a(),
+                kind.a()
             )));
         }
         Ok(o)
