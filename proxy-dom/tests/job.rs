@@ -475,3 +475,74 @@ fn sessions_over_unix_sockets_work_the_same() {
     assert_eq!(c.closed(LONG), None);
     assert!(p.wait_idle(LONG));
 }
+
+#[test]
+fn commands_behind_a_failed_user_event_are_answered_with_an_error() {
+    let p = TestProxy::start(|_| {});
+    let mut c = p.client(TOKEN_A);
+    let env = setup(&mut c);
+    let gate = c.id();
+    c.post(
+        Call::CreateUserEvent {
+            id: gate,
+            context: env.context,
+        },
+        &[],
+    );
+    let buf = create_buffer(&mut c, &env, CL_MEM_READ_WRITE, 64, Some(&[1; 64]));
+    let written = c.id();
+    c.post(
+        Call::EnqueueWriteBuffer {
+            queue: env.queue,
+            buffer: buf,
+            offset: 0,
+            size: 64,
+            sync: Sync {
+                waits: vec![gate],
+                event: written,
+            },
+        },
+        &[2; 64],
+    );
+    c.post(
+        Call::SetEventCallback {
+            event: written,
+            status: CL_COMPLETE,
+            cookie: 9,
+        },
+        &[],
+    );
+    let read_seq = c.send(
+        Call::EnqueueReadBuffer {
+            queue: env.queue,
+            buffer: buf,
+            offset: 0,
+            size: 64,
+            sync: Sync {
+                waits: vec![gate],
+                event: 0,
+            },
+        },
+        &[],
+    );
+    let wait_seq = c.send(
+        Call::WaitForEvents {
+            events: vec![written],
+        },
+        &[],
+    );
+    c.send(
+        Call::SetUserEventStatus {
+            event: gate,
+            status: -1,
+        },
+        &[],
+    );
+    let (a, data) = c.wait(read_seq, LONG).expect("the read is answered");
+    assert!(matches!(a, Answer::Data(s) if s < 0), "{a:?}");
+    assert!(data.is_empty());
+    let (a, _) = c.wait(wait_seq, LONG).expect("the wait is answered");
+    assert_eq!(a, Answer::Status(-14)); // CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST
+    assert!(matches!(c.fired(9, LONG), Some(s) if s < 0));
+    assert_eq!(c.sync(), vec![]);
+}

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -79,7 +79,7 @@ impl TestProxy {
         let deadline = Instant::now() + timeout;
         loop {
             let s = self.proxy.stats();
-            if s.connections == 0 && s.objects() == 0 {
+            if s.connections == 0 && s.objects() == 0 && s.staging_bytes == 0 {
                 return true;
             }
             if Instant::now() > deadline {
@@ -118,7 +118,7 @@ impl ProxyProcess {
             .args(extra)
             .env(
                 "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()),
             )
             .stdout(Stdio::piped())
             .spawn()
@@ -163,7 +163,7 @@ type Shared = Arc<(Mutex<Inbox>, Condvar)>;
 /// A client session: posted calls are batched until something waits.
 pub struct Client {
     w: Box<dyn Write + Send>,
-    shutdown: Box<dyn Fn() + Send>,
+    shutdown: Box<dyn Fn(Shutdown) + Send>,
     out: Vec<u8>,
     seq: u64,
     next_id: Id,
@@ -181,8 +181,8 @@ impl Client {
         Client::open(
             Box::new(s),
             Box::new(r),
-            Box::new(move || {
-                let _ = sd.shutdown(std::net::Shutdown::Both);
+            Box::new(move |how| {
+                let _ = sd.shutdown(how);
             }),
             token,
             crane_wire::VERSION_MAJOR,
@@ -196,8 +196,8 @@ impl Client {
         Client::open(
             Box::new(s),
             Box::new(r),
-            Box::new(move || {
-                let _ = sd.shutdown(std::net::Shutdown::Both);
+            Box::new(move |how| {
+                let _ = sd.shutdown(how);
             }),
             token,
             crane_wire::VERSION_MAJOR,
@@ -208,7 +208,7 @@ impl Client {
     pub fn open(
         w: Box<dyn Write + Send>,
         r: Box<dyn Read + Send>,
-        shutdown: Box<dyn Fn() + Send>,
+        shutdown: Box<dyn Fn(Shutdown) + Send>,
         token: &str,
         major: u16,
     ) -> Result<Client, String> {
@@ -252,6 +252,9 @@ impl Client {
                 Ok(c)
             }
             Some((Answer::Goodbye { reason }, _)) => Err(reason),
+            None => Err(c
+                .goodbye()
+                .unwrap_or_else(|| "closed without Goodbye".into())),
             other => Err(format!("unexpected answer to Hello: {other:?}")),
         }
     }
@@ -374,8 +377,19 @@ impl Client {
     }
 
     /// Drops the connection without Bye.
-    pub fn kill(self) {
-        (self.shutdown)();
+    pub fn kill(self) {}
+
+    /// Sends what is buffered and ends the sending side (the proxy sees
+    /// the end of the stream; answers still arrive).
+    pub fn finish_writes(&mut self) {
+        self.flush();
+        (self.shutdown)(Shutdown::Write);
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        (self.shutdown)(Shutdown::Both);
     }
 }
 
