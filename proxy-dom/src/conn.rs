@@ -308,7 +308,10 @@ impl Writer {
         let mut w = &*self.stream;
         let ok = w.write_all(&st.buf).is_ok() && (inline || w.write_all(payload).is_ok());
         if !ok {
+            // The peer is gone or does not read: end the session too (its
+            // thread sees the end of the stream).
             st.closed = true;
+            self.stream.shutdown(Shutdown::Both);
         }
         ok
     }
