@@ -11,6 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crane_wire::{Answer, HEADER_LEN, Header};
+use log::Level;
+
+use crate::ratelimit::limited;
 
 /// Idle seconds before TCP keepalive probes start, seconds between probes,
 /// and probes lost before the peer is declared dead: a dead guest is noticed
@@ -297,7 +300,10 @@ impl Writer {
         }
         st.buf.clear();
         if let Err(e) = crane_wire::encode(&mut st.buf, seq, answer, payload.len() as u64) {
-            log::error!("an answer cannot be encoded ({e}); the connection is closed");
+            limited!(
+                Level::Error,
+                "an answer cannot be encoded ({e}); the connection is closed"
+            );
             st.closed = true;
             return false;
         }

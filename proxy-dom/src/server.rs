@@ -376,7 +376,10 @@ fn admit(stream: Stream, shared: &Arc<Shared>) {
             .is_err()
             {
                 shared.count_panic();
-                log::error!("session {id}: the proxy panicked outside the session loop");
+                limited!(
+                    Level::Error,
+                    "session {id}: the proxy panicked outside the session loop"
+                );
             }
         });
     // On failure the closure, and with it the slot, is dropped.

@@ -93,7 +93,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     let completion = match started {
         Ok(c) => c,
         Err(e) => {
-            log::error!("session {id}: cannot start: {e}");
+            limited!(Level::Error, "session {id}: cannot start: {e}");
             goodbye(
                 &writer,
                 &stream,
@@ -131,7 +131,10 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
 
     let end = catch_unwind(AssertUnwindSafe(|| session.run(&mut reader))).unwrap_or_else(|_| {
         shared.count_panic();
-        log::error!("session {id}: the proxy panicked serving it; only this session ends");
+        limited!(
+            Level::Error,
+            "session {id}: the proxy panicked serving it; only this session ends"
+        );
         End::Violation("the proxy failed internally".into())
     });
     match &end {
@@ -159,7 +162,10 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         ),
         Err(_) => {
             shared.count_panic();
-            log::error!("session {id}: the proxy panicked tearing it down");
+            limited!(
+                Level::Error,
+                "session {id}: the proxy panicked tearing it down"
+            );
         }
     }
     writer.close();
@@ -784,7 +790,8 @@ impl Session {
                 let _ = tx.send(());
             });
         if spawned.is_err() {
-            log::error!(
+            limited!(
+                Level::Error,
                 "session {}: cannot start a thread to drain its queues",
                 self.id
             );
