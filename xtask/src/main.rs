@@ -100,7 +100,16 @@ fn test() -> Result<()> {
     ]))?;
     // The integration tier loads the cdylib and installs it with cranectl;
     // `cargo test` builds neither.
-    run(cargo().args(["build", "-p", "crane-opencl", "-p", "cranectl"]))?;
+    // The integration tier also runs crane-proxy as a process.
+    run(cargo().args([
+        "build",
+        "-p",
+        "crane-opencl",
+        "-p",
+        "cranectl",
+        "-p",
+        "crane-proxy",
+    ]))?;
     run(cargo().args(["test", "--workspace"]))?;
     eprintln!(
         "xtask: all tiers passed in {:.0} s",
