@@ -49,7 +49,7 @@ corpus_test!(multictx, "2000");
 corpus_test!(events, "2000");
 corpus_test!(programs, "40");
 corpus_test!(frameloop, "600");
-corpus_test!(rustpipe, "400");
+corpus_test!(rustpipe, "1200");
 
 /// SVM allocations cannot be moved, so suspend must refuse them cleanly and the
 /// program must finish correctly.

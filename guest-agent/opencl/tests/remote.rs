@@ -227,7 +227,7 @@ corpus_test!(multictx, "2000");
 corpus_test!(events, "2000");
 corpus_test!(programs, "40");
 corpus_test!(frameloop, "600");
-corpus_test!(rustpipe, "400");
+corpus_test!(rustpipe, "1200");
 
 /// A process started while its guest is remoting runs on the proxy from its
 /// first call, and can later come home.
