@@ -39,9 +39,10 @@ fn cargo() -> Command {
     c
 }
 
-/// Debian packages the OpenCL tiers need: the ICD loader and headers, PoCL as
-/// the CPU vendor, gcc for the C corpus, clinfo (compared through crane and
-/// natively).
+/// Debian packages the tiers need: the ICD loader and headers, PoCL as the
+/// CPU vendor, gcc for the C corpus, clinfo (compared through crane and
+/// natively); libxl's headers and libraries (libxen-dev) and libclang for
+/// bindgen, which dom0/libxl-sys runs at build time.
 const PACKAGES: &[&str] = &[
     "ocl-icd-opencl-dev",
     "ocl-icd-libopencl1",
@@ -49,6 +50,8 @@ const PACKAGES: &[&str] = &[
     "pocl-opencl-icd",
     "clinfo",
     "gcc",
+    "libxen-dev",
+    "libclang-dev",
 ];
 
 fn missing_packages() -> Vec<&'static str> {

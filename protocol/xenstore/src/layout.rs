@@ -29,6 +29,14 @@ pub const AGENT_RESPONSE: &str = "crane/agent/response";
 /// Guest-owned: one child per interposed process, named by pid.
 pub const AGENT_APPS: &str = "crane/agent/apps";
 
+/// In the proxy domain's home; dom0-owned, readable by the proxy domain: one
+/// child per tenant (a managed guest's name) whose value is that tenant's
+/// proxy session token (`crate::proxy`).
+pub const PROXY_TOKENS: &str = "crane/proxy/tokens";
+/// dom0's own tree (absolute; no guest may read it): the dom0 service's
+/// migration journal, one child per guest being migrated.
+pub const DOM0_MIGRATIONS: &str = "/local/domain/0/crane/migrations";
+
 /// Longest request value either side accepts.
 pub const MAX_REQUEST_LEN: usize = 1024;
 /// Longest response value.
@@ -45,6 +53,25 @@ pub const MAX_ERROR_CHARS: usize = 300;
 /// The per-app result key of one process.
 pub fn app_key(pid: u32) -> String {
     format!("{AGENT_APPS}/{pid}")
+}
+
+/// One tenant's token key in the proxy domain (relative).
+pub fn proxy_token_key(tenant: &str) -> String {
+    format!("{PROXY_TOKENS}/{tenant}")
+}
+
+/// dom0's journal entry of one guest's migration (absolute).
+pub fn migration_key(guest: &str) -> String {
+    format!("{DOM0_MIGRATIONS}/{guest}")
+}
+
+/// Whether a name can be one XenStore path element (guest and tenant names
+/// become keys): `[A-Za-z0-9_-]`, 1 to 64 characters.
+pub fn valid_element(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// A domain's home.
@@ -105,5 +132,19 @@ mod tests {
             assert!(validate_path(bad).is_err(), "{bad:?}");
         }
         assert!(validate_path(&"a".repeat(MAX_PATH_LEN + 1)).is_err());
+        assert_eq!(
+            migration_key("gpu-1"),
+            "/local/domain/0/crane/migrations/gpu-1"
+        );
+        assert_eq!(
+            absolute(3, &proxy_token_key("g")),
+            "/local/domain/3/crane/proxy/tokens/g"
+        );
+        for ok in ["g", "gpu-guest_2", &"a".repeat(64)] {
+            assert!(valid_element(ok), "{ok}");
+        }
+        for bad in ["", "a/b", "a.b", "a b", "@x", &"a".repeat(65)] {
+            assert!(!valid_element(bad), "{bad}");
+        }
     }
 }

@@ -5,7 +5,8 @@
 //! the narrow traits over XenStore access ([`store`]) with their
 //! implementations: [`system::SystemStore`] (xenstored over its socket or the
 //! guest's xenbus device) and [`mem::MemStore`] (in-process, for standalone
-//! mode and unit tests). docs/xenstore-layout.md describes the protocol.
+//! mode and unit tests). [`proxy`] carries the proxy session tokens dom0
+//! gives the proxy domain. docs/xenstore-layout.md describes the protocol.
 //!
 //! Everything read from XenStore was written by the other side and is parsed
 //! strictly: a hostile value gives an error that says what is wrong, never a
@@ -18,6 +19,7 @@ pub mod layout;
 pub mod mem;
 pub mod message;
 pub mod perms;
+pub mod proxy;
 pub mod store;
 pub mod system;
 pub mod value;

@@ -82,7 +82,8 @@ pub struct Request {
     pub deadline_ms: Option<u64>,
 }
 
-fn validate_proxy(p: &str) -> Result<(), ValueError> {
+/// Checks a proxy address: `tcp://HOST:PORT` or `unix:/PATH`.
+pub fn validate_proxy(p: &str) -> Result<(), ValueError> {
     let bad = |why| bad_value("proxy", p, why);
     if let Some(rest) = p.strip_prefix("tcp://") {
         let (host, port) = rest.rsplit_once(':').ok_or(bad("no :PORT"))?;
@@ -116,7 +117,8 @@ fn validate_proxy(p: &str) -> Result<(), ValueError> {
     }
 }
 
-fn validate_token(t: &str) -> Result<(), ValueError> {
+/// Checks a session token: 1 to 256 characters of `[A-Za-z0-9._~+/=-]`.
+pub fn validate_token(t: &str) -> Result<(), ValueError> {
     let ok = !t.is_empty()
         && t.len() <= MAX_TOKEN_LEN
         && t.bytes()
