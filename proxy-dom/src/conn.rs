@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crane_wire::{Answer, HEADER_LEN, Header};
 use log::Level;
 
+use crate::pool::BufferPool;
 use crate::ratelimit::limited;
 
 /// Idle seconds before TCP keepalive probes start, seconds between probes,
@@ -229,10 +230,13 @@ impl FrameReader {
         Ok(Some(h))
     }
 
-    /// Reads a frame's payload.
-    pub fn payload(&mut self, len: u64) -> Result<Vec<u8>, ReadError> {
-        let mut v = Vec::new();
-        read_exactly(&mut self.r, len, &mut v)?;
+    /// Reads a frame's payload (the session is authenticated and the length
+    /// within its limit) into a buffer of the session's pool.
+    pub fn payload(&mut self, len: u64, pool: &BufferPool) -> Result<Vec<u8>, ReadError> {
+        let mut v = pool
+            .take(len as usize)
+            .ok_or_else(|| ReadError::Frame("the proxy is out of memory".into()))?;
+        self.r.read_exact(&mut v)?;
         Ok(v)
     }
 }

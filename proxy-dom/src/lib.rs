@@ -15,6 +15,7 @@ pub mod tokens;
 
 mod api;
 mod conn;
+mod pool;
 mod ratelimit;
 mod session;
 mod vendor;

@@ -58,35 +58,151 @@ fn run(label: &str, c: &mut Client) {
     });
 }
 
-/// Hello, then Syncs written and answered on this thread alone.
-fn bare(label: &str, mut s: impl Read + Write) {
-    let mut seq = 1;
-    s.write_all(&frame(
-        seq,
-        &Call::Hello {
-            major: crane_wire::VERSION_MAJOR,
-            minor: crane_wire::VERSION_MINOR,
-            token: TOKEN_A.into(),
-            client: "latency".into(),
+/// A client that writes a call and reads its answer on the same thread.
+struct Bare<S> {
+    s: S,
+    seq: u64,
+    out: Vec<u8>,
+    body: Vec<u8>,
+    data: Vec<u8>,
+}
+
+impl<S: Read + Write> Bare<S> {
+    fn new(s: S) -> Bare<S> {
+        let mut b = Bare {
+            s,
+            seq: 0,
+            out: Vec::new(),
+            body: Vec::new(),
+            data: Vec::new(),
+        };
+        b.call(
+            Call::Hello {
+                major: crane_wire::VERSION_MAJOR,
+                minor: crane_wire::VERSION_MINOR,
+                token: TOKEN_A.into(),
+                client: "latency".into(),
+            },
+            &[],
+        );
+        b
+    }
+
+    fn post(&mut self, call: Call, payload: &[u8]) {
+        self.seq += 1;
+        self.out.clear();
+        crane_wire::encode(&mut self.out, self.seq, &call, payload.len() as u64).unwrap();
+        self.s.write_all(&self.out).unwrap();
+        self.s.write_all(payload).unwrap();
+    }
+
+    /// Sends a call and reads up to its answer; the length of the answer's
+    /// payload, which is read into `self.data` (kept from call to call, as a
+    /// real client reads into the application's memory).
+    fn call(&mut self, call: Call, payload: &[u8]) -> usize {
+        self.post(call, payload);
+        loop {
+            let h = crane_wire::read_frame(&mut self.s, u64::MAX, &mut self.body)
+                .unwrap()
+                .unwrap();
+            let n = h.payload_len as usize;
+            if self.data.len() < n {
+                self.data.resize(n, 0);
+            }
+            self.s.read_exact(&mut self.data[..n]).unwrap();
+            if h.seq == self.seq {
+                return n;
+            }
+        }
+    }
+}
+
+fn bare(label: &str, s: impl Read + Write) {
+    let mut b = Bare::new(s);
+    measure(&format!("{label} Sync, bare client"), 50_000, || {
+        b.call(Call::Sync, &[]);
+    });
+    b.call(Call::GetPlatformIds { ids: vec![1] }, &[]);
+    b.call(
+        Call::GetDeviceIds {
+            platform: 1,
+            device_type: CL_DEVICE_TYPE_ALL,
+            ids: vec![2],
         },
         &[],
-    ))
-    .unwrap();
-    let mut body = Vec::new();
-    crane_wire::read_frame(&mut s, 0, &mut body)
-        .unwrap()
-        .unwrap();
-    let mut out = Vec::new();
-    measure(&format!("{label} Sync, bare client"), 50_000, || {
-        seq += 1;
-        out.clear();
-        crane_wire::encode(&mut out, seq, &Call::Sync, 0).unwrap();
-        s.write_all(&out).unwrap();
-        let h = crane_wire::read_frame(&mut s, 0, &mut body)
-            .unwrap()
-            .unwrap();
-        assert_eq!(h.seq, seq);
+    );
+    b.post(
+        Call::CreateContext {
+            id: 3,
+            props: vec![],
+            devices: vec![2],
+        },
+        &[],
+    );
+    b.post(
+        Call::CreateQueue {
+            id: 4,
+            context: 3,
+            device: 2,
+            props: vec![],
+        },
+        &[],
+    );
+    measure(&format!("{label} Finish (idle), bare"), 10_000, || {
+        b.call(Call::Finish { queue: 4 }, &[]);
     });
+    const BIG: u64 = 64 << 20;
+    b.post(
+        Call::CreateBuffer {
+            id: 5,
+            context: 3,
+            flags: CL_MEM_READ_WRITE,
+            size: BIG,
+            props: vec![],
+            init: false,
+        },
+        &[],
+    );
+    let data = vec![7u8; BIG as usize];
+    let rounds = 10;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        b.post(
+            Call::EnqueueWriteBuffer {
+                queue: 4,
+                buffer: 5,
+                offset: 0,
+                size: BIG,
+                sync: Sync::default(),
+            },
+            &data,
+        );
+        b.call(Call::Finish { queue: 4 }, &[]);
+    }
+    let write = t.elapsed() / rounds;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        let got = b.call(
+            Call::EnqueueReadBuffer {
+                queue: 4,
+                buffer: 5,
+                offset: 0,
+                size: BIG,
+                sync: Sync::default(),
+            },
+            &[],
+        );
+        assert_eq!(got as u64, BIG);
+    }
+    let read = t.elapsed() / rounds;
+    let mbs = |d: Duration| BIG as f64 / d.as_secs_f64() / 1e6;
+    println!(
+        "{label:<28} 64 MiB write+Finish {:.1} ms ({:.0} MB/s), read {:.1} ms ({:.0} MB/s), bare client",
+        write.as_secs_f64() * 1e3,
+        mbs(write),
+        read.as_secs_f64() * 1e3,
+        mbs(read)
+    );
 }
 
 #[test]

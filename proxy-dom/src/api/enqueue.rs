@@ -9,11 +9,14 @@ use std::sync::atomic::Ordering;
 use crane_wire::{Id, Rect, Sync};
 use opencl_sys::*;
 
-use super::{check, dims, host_buffer, raw, volume, wait_list};
+use super::{check, dims, raw, volume, wait_list};
 use crate::session::completion::What;
 use crate::session::objects::Kind;
 use crate::session::{CallError, CallResult, Session, release};
 use crate::vendor::{VPtr, vfn};
+
+/// How long Finish watches its marker before handing it over.
+const FINISH_SPIN: std::time::Duration = std::time::Duration::from_micros(30);
 
 /// A host transfer of `len` bytes against an object of `extent` bytes: the
 /// proxy checks the bound itself before it allocates anything.
@@ -67,6 +70,26 @@ impl Session {
         self.objects.handle(id, Kind::Queue)
     }
 
+    /// A host buffer of `len` bytes for a read, from the session's pool.
+    fn pooled_buffer(&self, len: u64) -> CallResult<Vec<u8>> {
+        self.completion
+            .inflight
+            .buffers
+            .take(len as usize)
+            .ok_or(CallError::Cl(CL_OUT_OF_HOST_MEMORY))
+    }
+
+    /// The queue `id`, counting one more command enqueued on it.
+    fn enqueue_on(&mut self, id: Id) -> CallResult<VPtr> {
+        let q = self.queue(id)?;
+        self.progress
+            .entry(id)
+            .or_default()
+            .enqueued
+            .fetch_add(1, Ordering::AcqRel);
+        Ok(q)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn enqueue_nd_range(
         &mut self,
@@ -79,7 +102,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let k = s.objects.handle(kernel, Kind::Kernel)?;
             if !(1..=3).contains(&work_dim) {
                 return Err(CallError::Cl(CL_INVALID_WORK_DIMENSION));
@@ -119,7 +142,7 @@ impl Session {
     ) -> CallResult {
         payload_matches("write", &data, Some(size))?;
         let ev = self.enqueue(sync, true, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (b, extent) = s.buffer(buffer)?;
             within(offset, size, extent)?;
             s.admit_staging(size)?;
@@ -155,11 +178,11 @@ impl Session {
     ) -> CallResult {
         let mut data = Vec::new();
         let ev = self.enqueue(sync, true, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (b, extent) = s.buffer(buffer)?;
             within(offset, size, extent)?;
             s.admit_staging(size)?;
-            data = host_buffer(size)?;
+            data = s.pooled_buffer(size)?;
             let f = vfn!(q.get(), clEnqueueReadBuffer)?;
             let (n, w) = wait_list(waits);
             // SAFETY: live queue, buffer and events; `data` is `size`
@@ -203,7 +226,7 @@ impl Session {
     ) -> CallResult {
         payload_matches("region", &data, volume(rect.region))?;
         let ev = self.enqueue(sync, true, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (b, extent) = s.buffer(buffer)?;
             let (packed, host_pitch) = Self::rect_host(rect, extent)?;
             s.admit_staging(packed)?;
@@ -244,11 +267,11 @@ impl Session {
     ) -> CallResult {
         let mut data = Vec::new();
         let ev = self.enqueue(sync, true, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (b, extent) = s.buffer(buffer)?;
             let (packed, host_pitch) = Self::rect_host(rect, extent)?;
             s.admit_staging(packed)?;
-            data = host_buffer(packed)?;
+            data = s.pooled_buffer(packed)?;
             let f = vfn!(q.get(), clEnqueueReadBufferRect)?;
             let (n, w) = wait_list(waits);
             let (origin, region, host_origin) = (dims(rect.origin), dims(rect.region), [0usize; 3]);
@@ -298,7 +321,7 @@ impl Session {
         data: Vec<u8>,
     ) -> CallResult {
         let ev = self.enqueue(sync, true, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (img, packed) = s.image_region(image, region)?;
             payload_matches("image region", &data, Some(packed))?;
             s.admit_staging(packed)?;
@@ -338,10 +361,10 @@ impl Session {
     ) -> CallResult {
         let mut data = Vec::new();
         let ev = self.enqueue(sync, true, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (img, packed) = s.image_region(image, region)?;
             s.admit_staging(packed)?;
-            data = host_buffer(packed)?;
+            data = s.pooled_buffer(packed)?;
             let f = vfn!(q.get(), clEnqueueReadImage)?;
             let (n, w) = wait_list(waits);
             let (origin, region) = (dims(origin), dims(region));
@@ -378,7 +401,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (b, _) = s.buffer(buffer)?;
             let f = vfn!(q.get(), clEnqueueFillBuffer)?;
             let (n, w) = wait_list(waits);
@@ -411,7 +434,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (img, _, _) = s.image(image)?;
             let f = vfn!(q.get(), clEnqueueFillImage)?;
             let (n, w) = wait_list(waits);
@@ -446,7 +469,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (a, _) = s.buffer(src)?;
             let (b, _) = s.buffer(dst)?;
             let f = vfn!(q.get(), clEnqueueCopyBuffer)?;
@@ -483,7 +506,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (a, _) = s.buffer(src)?;
             let (b, _) = s.buffer(dst)?;
             let f = vfn!(q.get(), clEnqueueCopyBufferRect)?;
@@ -523,7 +546,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (a, _, _) = s.image(src)?;
             let (b, _, _) = s.image(dst)?;
             let f = vfn!(q.get(), clEnqueueCopyImage)?;
@@ -559,7 +582,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (a, _, _) = s.image(src)?;
             let (b, _) = s.buffer(dst)?;
             let f = vfn!(q.get(), clEnqueueCopyImageToBuffer)?;
@@ -595,7 +618,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let (a, _) = s.buffer(src)?;
             let (b, _, _) = s.image(dst)?;
             let f = vfn!(q.get(), clEnqueueCopyBufferToImage)?;
@@ -621,7 +644,7 @@ impl Session {
 
     pub(crate) fn enqueue_marker(&mut self, queue: Id, sync: &Sync) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let f = vfn!(q.get(), clEnqueueMarkerWithWaitList)?;
             let (n, w) = wait_list(waits);
             // SAFETY: a live queue and events.
@@ -632,7 +655,7 @@ impl Session {
 
     pub(crate) fn enqueue_barrier(&mut self, queue: Id, sync: &Sync) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let f = vfn!(q.get(), clEnqueueBarrierWithWaitList)?;
             let (n, w) = wait_list(waits);
             // SAFETY: a live queue and events.
@@ -649,7 +672,7 @@ impl Session {
         sync: &Sync,
     ) -> CallResult {
         self.enqueue(sync, false, |s, waits, ev| {
-            let q = s.queue(queue)?;
+            let q = s.enqueue_on(queue)?;
             let mems: Vec<cl_mem> = raw(&s.objects.handles(mems, Kind::Mem)?);
             let f = vfn!(q.get(), clEnqueueMigrateMemObjects)?;
             let (n, w) = wait_list(waits);
@@ -676,18 +699,48 @@ impl Session {
         check(unsafe { f(q.get().cast()) })
     }
 
-    /// Replies `Status` once everything enqueued before it has completed: a
-    /// marker with an empty wait list waits for all earlier commands, in
-    /// order or not.
+    /// Replies `Status` once everything enqueued before it has completed: at
+    /// once when nothing was enqueued since the last Finish completed, else
+    /// when a marker with an empty wait list (which waits for all earlier
+    /// commands, in order or not) completes.
     pub(crate) fn finish(&mut self, seq: u64, queue: Id) -> CallResult {
         let q = self.queue(queue)?;
+        let progress = self.progress.entry(queue).or_default().clone();
+        let upto = progress.enqueued.load(Ordering::Acquire);
+        if progress.finished.load(Ordering::Acquire) >= upto {
+            self.reply(seq, &crane_wire::Answer::Status(CL_SUCCESS), &[]);
+            return Ok(());
+        }
         self.admit_callbacks(1)?;
         let f = vfn!(q.get(), clEnqueueMarkerWithWaitList)?;
         let mut ev: cl_event = std::ptr::null_mut();
         // SAFETY: a live queue; one event out.
         check(unsafe { f(q.get().cast(), 0, std::ptr::null(), &mut ev) })?;
         flush(q);
-        self.complete_later(Some(VPtr(ev.cast())), What::Finish { seq })
+        let ev = VPtr(ev.cast());
+        // An idle queue's marker completes within microseconds: answer
+        // from here rather than pay for a hand-over.
+        let until = std::time::Instant::now() + FINISH_SPIN;
+        while !ev.get().is_null() && std::time::Instant::now() < until {
+            let status = crate::session::completion::event_status(ev);
+            if status <= CL_COMPLETE {
+                if status == CL_COMPLETE {
+                    progress.finished.fetch_max(upto, Ordering::AcqRel);
+                }
+                release(Kind::Event, crate::session::objects::Detail::Plain, ev);
+                self.reply(seq, &crane_wire::Answer::Status(CL_SUCCESS), &[]);
+                return Ok(());
+            }
+            std::thread::yield_now();
+        }
+        self.complete_later(
+            Some(ev),
+            What::Finish {
+                seq,
+                progress,
+                upto,
+            },
+        )
     }
 }
 

@@ -81,6 +81,7 @@ impl Session {
 
     pub(crate) fn release(&mut self, id: Id) -> CallResult {
         let o = self.objects.remove(id)?;
+        self.progress.remove(&id);
         let Ok(h) = o.handle else {
             return Ok(());
         };

@@ -115,7 +115,7 @@ impl Session {
                 data.len()
             )));
         }
-        self.create(id, Kind::Mem, |s| {
+        let created = self.create(id, Kind::Mem, |s| {
             s.objects.admit(size)?;
             let ctx = s.objects.handle(context, Kind::Context)?;
             let mut flags = flags & !HOST_PTR_FLAGS;
@@ -156,7 +156,12 @@ impl Session {
                     sub: false,
                 },
             ))
-        })
+        });
+        if let Some(data) = init {
+            // Copied by the vendor: the buffer can serve the next transfer.
+            self.completion.inflight.buffers.give(data);
+        }
+        created
     }
 
     pub(crate) fn create_sub_buffer(

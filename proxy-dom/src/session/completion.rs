@@ -16,9 +16,17 @@
 //! is released only on the completion thread, so polling never touches a
 //! released event.
 //!
+//! Callbacks can also be late (NVIDIA delivers them tens of microseconds
+//! after the command completed), which a client blocked in a read or a
+//! clFinish pays for in full. So what a client waits for (reads, Finish,
+//! WaitForEvents) is also handed to one of the session's two waiter
+//! threads, which block in clWaitForEvents and answer directly. They only
+//! speed things up: a waiter stuck on a user event costs nothing but its
+//! place, the callback and the poll still complete everything.
+//!
 //! The vendor is handed a token, not a pointer: registrations live in one
-//! table, and whichever of the vendor's callback and the poll takes a
-//! registration out of it completes it; the other finds nothing.
+//! table, and whichever of the vendor's callback, a waiter and the poll
+//! takes a registration out of it completes it; the others find nothing.
 //! Registrations without host memory (client callbacks, waits, finishes)
 //! are dropped when their session ends.
 
@@ -26,7 +34,7 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -35,6 +43,7 @@ use crane_wire::Answer;
 use opencl_sys::*;
 
 use crate::conn::Writer;
+use crate::pool::BufferPool;
 use crate::ratelimit::limited;
 use crate::vendor::{VPtr, vfn};
 
@@ -42,6 +51,9 @@ use crate::vendor::{VPtr, vfn};
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// How often pending events are polled (only while some are pending).
 const POLL: Duration = Duration::from_millis(100);
+/// Waiter threads per session, and the waits queued for them at most.
+const WAITERS: usize = 2;
+const WAITER_QUEUE: usize = 256;
 
 /// What a session has in flight.
 #[derive(Debug, Default)]
@@ -52,6 +64,8 @@ pub(crate) struct Inflight {
     pub staging: AtomicU64,
     /// The same, summed over the proxy's sessions (for its statistics).
     pub proxy_staging: Arc<AtomicU64>,
+    /// Host buffers kept for the next transfers.
+    pub buffers: BufferPool,
 }
 
 impl Inflight {
@@ -70,14 +84,29 @@ impl Inflight {
 pub(crate) enum What {
     /// A non-blocking read into `data`: answer `Data` with it.
     Read { seq: u64, data: Vec<u8> },
-    /// The marker a Finish enqueued: answer `Status`.
-    Finish { seq: u64 },
+    /// The marker a Finish enqueued: answer `Status`, and record that the
+    /// queue's first `upto` commands have completed.
+    Finish {
+        seq: u64,
+        progress: Arc<QueueProgress>,
+        upto: u64,
+    },
     /// The host memory a non-blocking write reads from: free it.
     Staging { data: Vec<u8> },
     /// The client's own callback registration: send `EventFired`.
     Fired { cookie: u64 },
     /// One of the events of a WaitForEvents.
     WaitOne(Arc<WaitAll>),
+}
+
+/// How far a queue's commands are known to have completed: `enqueued`
+/// counts the commands the session has enqueued on it, `finished` how many
+/// of the first ones a completed Finish covered. When they are equal the
+/// queue is idle and a Finish needs no marker.
+#[derive(Debug, Default)]
+pub(crate) struct QueueProgress {
+    pub enqueued: AtomicU64,
+    pub finished: AtomicU64,
 }
 
 /// A WaitForEvents in progress: answered when its last event completes.
@@ -139,7 +168,37 @@ struct Pending {
 }
 
 impl Pending {
+    /// Completes the registration from a vendor callback or the poll: the
+    /// completion thread answers.
     fn fire(self, status: cl_int) {
+        let (done, tx, inflight) = self.into_done(status);
+        // The session may be gone; its events then stay with the vendor.
+        let _ = tx.send(done);
+        inflight.callbacks.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Completes the registration on a waiter thread: the answer goes out
+    /// from here, the event's release to the completion thread.
+    fn answer_here(self, status: cl_int, writer: &Writer) {
+        let (done, tx, inflight) = self.into_done(status);
+        let release = match done {
+            Done::Answer {
+                seq,
+                answer,
+                data,
+                release,
+            } => {
+                writer.send(seq, &answer, &data);
+                inflight.buffers.give(data);
+                Done::Release(release)
+            }
+            other => other,
+        };
+        let _ = tx.send(release);
+        inflight.callbacks.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn into_done(self, status: cl_int) -> (Done, Sender<Done>, Arc<Inflight>) {
         let Pending {
             tx,
             inflight,
@@ -157,15 +216,25 @@ impl Pending {
             What::Read { seq, data } => {
                 inflight.free(data.len() as u64);
                 if status < 0 {
+                    inflight.buffers.give(data);
                     answer(seq, Answer::Data(status), Vec::new())
                 } else {
                     answer(seq, Answer::Data(CL_SUCCESS), data)
                 }
             }
-            What::Finish { seq } => answer(seq, Answer::Status(CL_SUCCESS), Vec::new()),
+            What::Finish {
+                seq,
+                progress,
+                upto,
+            } => {
+                if status >= 0 {
+                    progress.finished.fetch_max(upto, Ordering::AcqRel);
+                }
+                answer(seq, Answer::Status(CL_SUCCESS), Vec::new())
+            }
             What::Staging { data } => {
                 inflight.free(data.len() as u64);
-                drop(data);
+                inflight.buffers.give(data);
                 Done::Release(event)
             }
             What::Fired { cookie } => answer(0, Answer::EventFired { cookie, status }, Vec::new()),
@@ -174,9 +243,7 @@ impl Pending {
                 None => Done::Release(event),
             },
         };
-        // The session may be gone; its events then stay with the vendor.
-        let _ = tx.send(done);
-        inflight.callbacks.fetch_sub(1, Ordering::AcqRel);
+        (done, tx, inflight)
     }
 }
 
@@ -213,6 +280,11 @@ pub(crate) struct Completion {
     tx: Sender<Done>,
     pub inflight: Arc<Inflight>,
     thread: Option<JoinHandle<()>>,
+    writer: Arc<Writer>,
+    session: u64,
+    /// The waiter threads' queue, started at the first wait.
+    waiters: Mutex<Option<SyncSender<(usize, VPtr)>>>,
+    waiters_started: AtomicBool,
 }
 
 impl Completion {
@@ -232,13 +304,20 @@ impl Completion {
             let inflight = inflight.clone();
             std::thread::Builder::new()
                 .name(format!("crane-done-{session}"))
-                .spawn(move || run(rx, &writer, &inflight, owner))?
+                .spawn({
+                    let writer = writer.clone();
+                    move || run(rx, &writer, &inflight, owner)
+                })?
         };
         Ok(Completion {
             owner,
             tx,
             inflight,
             thread: Some(thread),
+            writer,
+            session,
+            waiters: Mutex::new(None),
+            waiters_started: AtomicBool::new(false),
         })
     }
 
@@ -254,6 +333,10 @@ impl Completion {
             std::mem::forget(what);
             return Err(CL_OUT_OF_RESOURCES);
         }
+        let waited_for = matches!(
+            what,
+            What::Read { .. } | What::Finish { .. } | What::WaitOne(_)
+        );
         crate::session::retain_event(event);
         if self.inflight.callbacks.fetch_add(1, Ordering::AcqRel) == 0 {
             // The completion thread sleeps without a timeout while nothing
@@ -286,6 +369,9 @@ impl Completion {
             Err(e) => e,
         };
         if rc == CL_SUCCESS {
+            if waited_for {
+                self.wait_in_background(token, event);
+            }
             return Ok(());
         }
         let Some(p) = pending().remove(&token) else {
@@ -332,9 +418,42 @@ impl Completion {
         dropped.len()
     }
 
+    /// Hands a registration a client waits for to a waiter thread, which
+    /// holds its own reference to the event meanwhile. When the waiters are
+    /// busy and their queue full, the callback and the poll do the work.
+    fn wait_in_background(&self, token: usize, event: VPtr) {
+        if !self.waiters_started.swap(true, Ordering::AcqRel) {
+            let (tx, rx) = mpsc::sync_channel(WAITER_QUEUE);
+            let rx = Arc::new(Mutex::new(rx));
+            for i in 0..WAITERS {
+                let (rx, writer) = (rx.clone(), self.writer.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(format!("crane-wait-{}.{i}", self.session))
+                    .spawn(move || waiter(&rx, &writer));
+                if let Err(e) = spawned {
+                    limited!(log::Level::Warn, "cannot start a waiter thread: {e}");
+                }
+            }
+            *self.waiters.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        }
+        crate::session::retain_event(event);
+        let queued = match &*self.waiters.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(tx) => tx.try_send((token, event)).is_ok(),
+            None => false,
+        };
+        if !queued {
+            release_event(event);
+        }
+    }
+
     /// Stops the thread once the callbacks still owed have run (or after a
-    /// grace period), and waits for it.
+    /// grace period), and waits for it. Waiter threads end once their queue
+    /// is empty (one blocked on the device is left to finish on its own).
     pub fn stop(&mut self) {
+        self.waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         let _ = self.tx.send(Done::Stop);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -348,6 +467,51 @@ impl Drop for Completion {
     }
 }
 
+/// A waiter thread: blocks in clWaitForEvents for each queued registration
+/// and, if nothing else completed it meanwhile, answers it.
+fn waiter(rx: &Mutex<Receiver<(usize, VPtr)>>, writer: &Writer) {
+    loop {
+        let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let Ok((token, event)) = job else {
+            return;
+        };
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            wait_synchronously(event);
+            // A wait that ended otherwise than with the command (an error
+            // of the wait itself) is left to the callback and the poll.
+            let status = event_status(event);
+            if status <= CL_COMPLETE {
+                let taken = pending().remove(&token);
+                if let Some(p) = taken {
+                    p.answer_here(status, writer);
+                }
+            }
+        }));
+        // The waiter's own reference; the registration keeps its own.
+        release_event(event);
+    }
+}
+
+/// An event's execution status, or CL_QUEUED if it cannot be read.
+pub(crate) fn event_status(event: VPtr) -> cl_int {
+    let Ok(info) = vfn!(event.get(), clGetEventInfo) else {
+        return CL_QUEUED;
+    };
+    let mut status: cl_int = CL_QUEUED;
+    // SAFETY: the caller holds a reference to `event`; the value is one
+    // cl_int.
+    let rc = unsafe {
+        info(
+            event.get().cast(),
+            CL_EVENT_COMMAND_EXECUTION_STATUS,
+            size_of::<cl_int>(),
+            (&raw mut status).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc == CL_SUCCESS { status } else { CL_QUEUED }
+}
+
 fn wait_synchronously(event: VPtr) -> cl_int {
     let Ok(wait) = vfn!(event.get(), clWaitForEvents) else {
         return CL_INVALID_OPERATION;
@@ -355,7 +519,13 @@ fn wait_synchronously(event: VPtr) -> cl_int {
     let e: cl_event = event.get().cast();
     // SAFETY: one live event.
     let rc = unsafe { wait(1, &e) };
-    if rc == CL_SUCCESS { CL_COMPLETE } else { rc }
+    // The event's own status says how it ended (failed events make the
+    // wait return an error too).
+    match event_status(event) {
+        st if st <= CL_COMPLETE => st,
+        _ if rc != CL_SUCCESS => rc,
+        _ => CL_COMPLETE,
+    }
 }
 
 fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
@@ -387,7 +557,7 @@ fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
             Some(t) => rx.recv_timeout(t.saturating_duration_since(Instant::now())),
         };
         match msg {
-            Ok(m) => handle(m, writer, &mut stopping),
+            Ok(m) => handle(m, writer, inflight, &mut stopping),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
@@ -397,7 +567,7 @@ fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
         }
     }
     while let Ok(msg) = rx.try_recv() {
-        handle(msg, writer, &mut stopping);
+        handle(msg, writer, inflight, &mut stopping);
     }
 }
 
@@ -412,22 +582,8 @@ fn poll(owner: u64) {
         .map(|(&t, p)| (t, p.event, p.trigger))
         .collect();
     for (token, event, trigger) in snapshot {
-        let Ok(info) = vfn!(event.get(), clGetEventInfo) else {
-            continue;
-        };
-        let mut status: cl_int = CL_QUEUED;
-        // SAFETY: the registration holds a reference to `event`, released
-        // only by this thread; the value is one cl_int.
-        let rc = unsafe {
-            info(
-                event.get().cast(),
-                CL_EVENT_COMMAND_EXECUTION_STATUS,
-                size_of::<cl_int>(),
-                (&raw mut status).cast(),
-                std::ptr::null_mut(),
-            )
-        };
-        if rc != CL_SUCCESS || status > trigger.max(CL_COMPLETE) {
+        let status = event_status(event);
+        if status > trigger.max(CL_COMPLETE) {
             continue;
         }
         let taken = pending().remove(&token);
@@ -452,7 +608,7 @@ fn owed(owner: u64) -> String {
     format!("{reads} read(s), {writes} write(s), {other} other")
 }
 
-fn handle(msg: Done, writer: &Writer, stopping: &mut Option<Instant>) {
+fn handle(msg: Done, writer: &Writer, inflight: &Inflight, stopping: &mut Option<Instant>) {
     match msg {
         Done::Answer {
             seq,
@@ -461,6 +617,7 @@ fn handle(msg: Done, writer: &Writer, stopping: &mut Option<Instant>) {
             release,
         } => {
             writer.send(seq, &answer, &data);
+            inflight.buffers.give(data);
             release_event(release);
         }
         Done::Release(e) => release_event(e),

@@ -61,6 +61,8 @@ pub(crate) struct Session {
     pub shared: Arc<Shared>,
     writer: Arc<Writer>,
     last_seq: u64,
+    /// Per queue id: how far its commands are known to have completed.
+    pub progress: std::collections::HashMap<Id, Arc<completion::QueueProgress>>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -113,6 +115,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         shared: shared.clone(),
         writer: writer.clone(),
         last_seq: hello_seq,
+        progress: std::collections::HashMap::new(),
     };
     writer.send(
         hello_seq,
@@ -343,7 +346,7 @@ impl Session {
                 ));
             }
             self.last_seq = h.seq;
-            let payload = match reader.payload(h.payload_len) {
+            let payload = match reader.payload(h.payload_len, &self.completion.inflight.buffers) {
                 Ok(p) => p,
                 Err(e @ (ReadError::Frame(_) | ReadError::Truncated)) => {
                     return End::Violation(e.to_string());
