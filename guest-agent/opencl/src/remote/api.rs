@@ -151,6 +151,9 @@ fn post_enqueue(
         let qo = obj(q.cast())?;
         let s = &qo.session;
         let (w, e) = out_event(s, ev, n, list);
+        if let Some(p) = e {
+            order_after(p, q, qo.ticket_now());
+        }
         match s.post(&make(qo.id, w), payload, flush) {
             Ok(()) => {
                 give_event(ev, e);
@@ -311,8 +314,12 @@ fn read(
         let (w, e) = out_event(s, ev, n, list);
         let call = make(qo.id, w);
         if blocking != 0 {
-            match s.call(&call, &[], dest) {
+            let before = qo.ticket_now();
+            let r = match s.call(&call, &[], dest) {
                 Ok((Answer::Data(st), _)) => {
+                    if let Some(p) = e {
+                        order_after(p, q, before);
+                    }
                     give_event(ev, e);
                     if st == CL_SUCCESS { Ok(()) } else { Err(st) }
                 }
@@ -324,13 +331,19 @@ fn read(
                     drop_event(e);
                     Err(x)
                 }
+            };
+            // On an in-order queue the reads enqueued before this one are
+            // done too: their data must be in place when this call returns.
+            if r.is_ok() && !qo.out_of_order.load(Ordering::Relaxed) {
+                s.wait_reads_before(qo, before)?;
             }
+            r
         } else {
-            let mut landing = vec![arc(q.cast())];
+            let ticket = qo.issue_read();
             if let Some(p) = e {
-                landing.push(arc(p));
+                order_after(p, q, ticket);
             }
-            match s.read_async(&call, dest, landing) {
+            match s.read_async(&call, dest, e.map(arc), arc(q.cast()), ticket) {
                 Ok(()) => {
                     give_event(ev, e);
                     Ok(())
@@ -342,6 +355,17 @@ fn read(
             }
         }
     })
+}
+
+/// Records, for an event of an in-order queue, the reads that must land
+/// before it counts as complete here.
+fn order_after(event: *mut c_void, q: cl_command_queue, ticket: u64) {
+    let (Ok(e), Ok(qo)) = (obj(event), obj(q.cast())) else {
+        return;
+    };
+    if !qo.out_of_order.load(Ordering::Relaxed) {
+        *e.after.lock().unwrap_or_else(|x| x.into_inner()) = Some((arc(q.cast()), ticket));
+    }
 }
 
 // ---- platforms and devices ----
@@ -581,12 +605,20 @@ fn create_queue(
                 id,
                 context: id_of(c.cast()),
                 device: id_of(d.cast()),
-                props,
+                props: props.clone(),
             },
             &[],
             false,
         )?;
-        Ok(RObj::create(s, id, 0))
+        let q = RObj::create(s, id, 0);
+        let ooo = props.chunks(2).any(|kv| {
+            kv[0] == CL_QUEUE_PROPERTIES as u64
+                && kv
+                    .get(1)
+                    .is_some_and(|v| v & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0)
+        });
+        obj(q)?.out_of_order.store(ooo, Ordering::Relaxed);
+        Ok(q)
     })
     .cast()
 }
@@ -636,11 +668,12 @@ pub unsafe extern "C" fn rFlush(q: cl_command_queue) -> cl_int {
 pub unsafe extern "C" fn rFinish(q: cl_command_queue) -> cl_int {
     guard(|| {
         let o = obj(q.cast())?;
+        let before = o.ticket_now();
         let (a, _) = o
             .session
             .call(&Call::Finish { queue: o.id }, &[], Dest::Keep)?;
         status_of(a)?;
-        o.session.wait_landed(o)?;
+        o.session.wait_reads_before(o, before)?;
         match o.session.take_failure() {
             Some(e) => Err(e),
             None => Ok(()),
@@ -1562,7 +1595,7 @@ pub unsafe extern "C" fn rWaitForEvents(n: cl_uint, list: *const cl_event) -> cl
         )?;
         let r = status_of(a);
         for &e in evs {
-            s.wait_landed(obj(e.cast())?)?;
+            s.wait_event_landed(obj(e.cast())?)?;
         }
         r
     })
@@ -1581,7 +1614,14 @@ pub unsafe extern "C" fn rGetEventInfo(
         && param == CL_EVENT_COMMAND_EXECUTION_STATUS
         && !value.is_null()
         && size >= 4
-        && obj(e.cast()).is_ok_and(|o| o.pending.load(Ordering::Acquire) > 0)
+        && obj(e.cast()).is_ok_and(|o| {
+            o.pending.load(Ordering::Acquire) > 0
+                || o.after
+                    .lock()
+                    .unwrap_or_else(|x| x.into_inner())
+                    .as_ref()
+                    .is_some_and(|(q, t)| q.reads_before(*t))
+        })
     {
         // SAFETY: at least one cl_int, as checked.
         unsafe {
@@ -1620,7 +1660,7 @@ pub unsafe extern "C" fn rSetEventCallback(
         let ud = ud as usize;
         let cookie = s.register_callback(Box::new(move |status| {
             if status == CL_COMPLETE {
-                let _ = ev.session.wait_landed(&ev);
+                let _ = ev.session.wait_event_landed(&ev);
             }
             // SAFETY: the callback with its user data and the event it was
             // registered on, which `ev` keeps alive.

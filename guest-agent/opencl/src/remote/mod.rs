@@ -39,6 +39,15 @@ pub struct RObj {
     pub px: usize,
     /// Destructor callbacks (function, user data), run after the last release.
     destructors: Mutex<Vec<(usize, usize)>>,
+    /// For queues: reads sent but whose data has not landed, by ticket in
+    /// the order they were enqueued.
+    pub reads: Mutex<ReadTickets>,
+    /// For queues: out-of-order execution (no ordering among its commands).
+    pub out_of_order: std::sync::atomic::AtomicBool,
+    /// For events of in-order queues: the queue and the ticket of the first
+    /// read enqueued after the event's command; reads before it must have
+    /// landed for the event to count as complete here.
+    pub after: Mutex<Option<(Arc<RObj>, u64)>>,
     /// For platforms: the root devices (object address, device type), listed
     /// once so that every query returns the same objects, as a vendor does.
     pub devices: std::sync::OnceLock<Vec<(usize, cl_device_type)>>,
@@ -63,6 +72,9 @@ impl RObj {
             px,
             destructors: Mutex::new(Vec::new()),
             devices: std::sync::OnceLock::new(),
+            reads: Mutex::new(ReadTickets::default()),
+            out_of_order: Default::default(),
+            after: Mutex::new(None),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live
@@ -70,6 +82,41 @@ impl RObj {
             .unwrap_or_else(|e| e.into_inner())
             .insert(p as usize);
         p
+    }
+}
+
+/// Reads of one queue in flight (see `RObj::reads`).
+#[derive(Default)]
+pub struct ReadTickets {
+    pub next: u64,
+    pub outstanding: std::collections::BTreeSet<u64>,
+}
+
+impl RObj {
+    /// The ticket the next read on this queue will get: every read enqueued
+    /// so far has a smaller one.
+    pub fn ticket_now(&self) -> u64 {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).next
+    }
+
+    /// Registers a read about to be sent.
+    pub fn issue_read(&self) -> u64 {
+        let mut r = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        let t = r.next;
+        r.next += 1;
+        r.outstanding.insert(t);
+        t
+    }
+
+    /// Whether some read enqueued before `ticket` has not landed.
+    pub fn reads_before(&self, ticket: u64) -> bool {
+        self.reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .outstanding
+            .range(..ticket)
+            .next()
+            .is_some()
     }
 }
 

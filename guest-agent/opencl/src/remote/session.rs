@@ -162,8 +162,10 @@ struct Slot {
     /// The thread waiting for the answer (none for a non-blocking read).
     waiter: Option<Thread>,
     answer: Option<(Answer, Vec<u8>)>,
-    /// Objects (the read's event and queue) counting reads not yet landed.
+    /// Events counting this read as pending until it lands.
     landing: Vec<Arc<RObj>>,
+    /// The queue and ticket of this read.
+    ticket: Option<(Arc<RObj>, u64)>,
 }
 
 struct State {
@@ -426,6 +428,7 @@ impl Session {
             waiter: Some(std::thread::current()),
             answer: None,
             landing: Vec::new(),
+            ticket: None,
         };
         let seq = self.send_with_slot(call, payload, slot)?;
         loop {
@@ -449,35 +452,40 @@ impl Session {
     }
 
     /// Sends a read whose data the reader thread lands in `dest` when it
-    /// arrives; each object in `landing` counts it as pending until then.
+    /// arrives. Until then `event` (if any) counts it as pending and `queue`
+    /// keeps `ticket` outstanding.
     pub fn read_async(
         &self,
         call: &Call,
         dest: Dest,
-        landing: Vec<Arc<RObj>>,
+        event: Option<Arc<RObj>>,
+        queue: Arc<RObj>,
+        ticket: u64,
     ) -> Result<(), cl_int> {
-        for o in &landing {
-            o.pending.fetch_add(1, Ordering::AcqRel);
+        if let Some(e) = &event {
+            e.pending.fetch_add(1, Ordering::AcqRel);
         }
         let slot = Slot {
             dest,
             waiter: None,
             answer: None,
-            landing: landing.clone(),
+            landing: event.clone().into_iter().collect(),
+            ticket: Some((queue.clone(), ticket)),
         };
         self.send_with_slot(call, &[], slot)
             .map(|_| ())
             .inspect_err(|_| {
-                for o in &landing {
-                    o.pending.fetch_sub(1, Ordering::AcqRel);
+                if let Some(e) = &event {
+                    e.pending.fetch_sub(1, Ordering::AcqRel);
                 }
+                land_ticket(&queue, ticket);
             })
     }
 
-    /// Waits until no read counted by `o` is still on its way.
-    pub fn wait_landed(&self, o: &RObj) -> Result<(), cl_int> {
+    /// Waits until `cond` no longer holds, or the session dies.
+    fn wait_while(&self, mut cond: impl FnMut() -> bool) -> Result<(), cl_int> {
         let mut st = lock(&self.shared.state);
-        while o.pending.load(Ordering::Acquire) > 0 {
+        while cond() {
             if st.dead.is_some() {
                 return Err(GONE);
             }
@@ -489,6 +497,27 @@ impl Session {
                 .0;
         }
         Ok(())
+    }
+
+    /// Waits until the read counted by event `o` has landed.
+    pub fn wait_landed(&self, o: &RObj) -> Result<(), cl_int> {
+        self.wait_while(|| o.pending.load(Ordering::Acquire) > 0)
+    }
+
+    /// Waits until every read enqueued on `queue` before `ticket` has landed.
+    pub fn wait_reads_before(&self, queue: &RObj, ticket: u64) -> Result<(), cl_int> {
+        self.wait_while(|| queue.reads_before(ticket))
+    }
+
+    /// Waits until event `e` is complete here too: its own read, and on an
+    /// in-order queue every read enqueued before its command, have landed.
+    pub fn wait_event_landed(&self, e: &RObj) -> Result<(), cl_int> {
+        self.wait_landed(e)?;
+        let after = e.after.lock().unwrap_or_else(|x| x.into_inner()).clone();
+        match after {
+            Some((q, t)) => self.wait_reads_before(&q, t),
+            None => Ok(()),
+        }
     }
 
     /// The first failure of a posted call since the last time, if any: what a
@@ -636,7 +665,7 @@ fn handle(
     }
     // The slot stays registered while its data is read (its waiter checks it),
     // but its destination is taken out so the lock is not held meanwhile.
-    let (dest, waiter, landing) = {
+    let (dest, waiter, landing, ticket) = {
         let mut st = lock(&shared.state);
         let Some(slot) = st.slots.get_mut(&h.seq) else {
             return Err(format!(
@@ -648,6 +677,7 @@ fn handle(
             std::mem::replace(&mut slot.dest, Dest::Keep),
             slot.waiter.clone(),
             std::mem::take(&mut slot.landing),
+            slot.ticket.take(),
         )
     };
     let n = h.payload_len as usize;
@@ -696,6 +726,9 @@ fn handle(
     for o in landing {
         o.pending.fetch_sub(1, Ordering::AcqRel);
     }
+    if let Some((q, t)) = ticket {
+        land_ticket(&q, t);
+    }
     match waiter {
         Some(t) => {
             // Gone if the session died meanwhile; the waiter has been told.
@@ -712,6 +745,15 @@ fn handle(
         }
     }
     Ok(())
+}
+
+fn land_ticket(queue: &RObj, ticket: u64) {
+    queue
+        .reads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .outstanding
+        .remove(&ticket);
 }
 
 fn skip(r: &mut Stream, n: u64) -> Result<(), String> {
