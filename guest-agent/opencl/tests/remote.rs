@@ -225,7 +225,7 @@ corpus_test!(maps, "3000");
 corpus_test!(copies, "3000");
 corpus_test!(multictx, "2000");
 corpus_test!(events, "2000");
-corpus_test!(programs, "40");
+corpus_test!(programs, "150");
 corpus_test!(frameloop, "600");
 corpus_test!(rustpipe, "1200");
 
