@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
-use common::{Rng, apps, built, library, native, result_line};
+use common::{Rng, apps, built, finishes, library, native, result_line};
 
 /// A crane-proxy process for one test, killed when dropped.
 struct Proxy {
@@ -149,14 +149,13 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
         let r = match call(&sock, &req, Duration::from_secs(60)) {
             Ok(r) => r,
             Err(e) => {
-                std::thread::sleep(Duration::from_millis(300));
-                assert!(waiter.is_finished(), "{app}: {req:?} not answered: {e}");
+                // An exiting process closes its socket first; give it time.
+                assert!(finishes(&waiter), "{app}: {req:?} not answered: {e}");
                 break;
             }
         };
         if !r.ok {
-            std::thread::sleep(Duration::from_millis(300));
-            assert!(waiter.is_finished(), "{app}: {req:?} failed: {:?}", r.error);
+            assert!(finishes(&waiter), "{app}: {req:?} failed: {:?}", r.error);
             break;
         }
         if next == Mode::Remote && mode == Mode::Passthrough {
