@@ -10,6 +10,8 @@
 //!   checked against a native run. Where no emulated host can run, or with
 //!   `--local [--app PATH -- ARGS]`: the same cycle on this machine without a VM.
 //! * `cargo xtask bench [RUNS]` — added nanoseconds per call versus native.
+//! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
+//!   natively, under crane, and under crane on crane-proxy over loopback TCP.
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
 
 use std::path::{Path, PathBuf};
@@ -43,8 +45,10 @@ fn cargo() -> Command {
     c
 }
 
-/// Debian packages the OpenCL tiers need: the ICD loader and headers, PoCL as
-/// the CPU vendor, gcc for the C corpus.
+/// Debian packages the tiers need: the ICD loader and headers, PoCL as the
+/// CPU vendor, gcc for the C corpus, clinfo (compared through crane and
+/// natively); libxl's headers and libraries (libxen-dev) and libclang for
+/// bindgen, which dom0/libxl-sys runs at build time.
 const PACKAGES: &[&str] = &[
     "ocl-icd-opencl-dev",
     "ocl-icd-libopencl1",
@@ -52,6 +56,8 @@ const PACKAGES: &[&str] = &[
     "pocl-opencl-icd",
     "clinfo",
     "gcc",
+    "libxen-dev",
+    "libclang-dev",
 ];
 
 fn missing_packages() -> Vec<&'static str> {
@@ -104,8 +110,17 @@ fn test() -> Result<()> {
             "warnings",
         ])
         .env_remove(tier::E2E_ENV))?;
-    // The integration tier loads the cdylib, which `cargo test` does not build.
-    run(cargo().args(["build", "-p", "crane-opencl"]))?;
+    // The integration tier loads the cdylib, installs it with cranectl and
+    // runs crane-proxy as a process; `cargo test` builds none of them.
+    run(cargo().args([
+        "build",
+        "-p",
+        "crane-opencl",
+        "-p",
+        "cranectl",
+        "-p",
+        "crane-proxy",
+    ]))?;
     run(cargo()
         .args(["test", "--workspace"])
         .env_remove(tier::E2E_ENV))?;
@@ -376,12 +391,144 @@ fn bench(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// What remoting costs an application: benches/remoting.c natively, under
+/// crane locally, and under crane on a crane-proxy on loopback TCP, with and
+/// without batching. A figure printer (docs/benchmarks.md), not a test.
+fn bench_remote(args: &[String]) -> Result<()> {
+    ensure_packages()?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "crane-opencl",
+        "-p",
+        "crane-proxy",
+    ]))?;
+    let exe = root().join("target/bench/remoting");
+    std::fs::create_dir_all(exe.parent().expect("has a parent"))?;
+    run(Command::new("gcc")
+        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(root().join("benches/remoting.c"))
+        .arg("-lOpenCL"))?;
+    let lib = root().join("target/release/libcrane_opencl.so");
+    let secs = args.first().cloned().unwrap_or_else(|| "2".into());
+    let dir = std::env::temp_dir().join(format!("crane-bench-remote-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("tokens"), "bench bench\n")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("tcp://127.0.0.1:{port}");
+    let mut proxy = Command::new(root().join("target/release/crane-proxy"))
+        .args(["--listen", &addr, "--token-file"])
+        .arg(dir.join("tokens"))
+        .spawn()
+        .context("starting crane-proxy")?;
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = proxy.kill();
+            bail!("crane-proxy did not start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let configs: [(&str, &[(&str, &str)]); 4] = [
+        ("native", &[]),
+        ("crane local", &[("LD_PRELOAD", "")]),
+        (
+            "remote, batched",
+            &[("LD_PRELOAD", ""), ("CRANE_MODE", "remote")],
+        ),
+        (
+            "remote, unbatched",
+            &[
+                ("LD_PRELOAD", ""),
+                ("CRANE_MODE", "remote"),
+                ("CRANE_REMOTE_BATCH", "0"),
+            ],
+        ),
+    ];
+    // Per configuration: (figure, value, unit) lines.
+    type Figures = Vec<(String, f64, String)>;
+    let mut table: Vec<(String, Figures)> = Vec::new();
+    let result = (|| -> Result<()> {
+        for (name, env) in configs {
+            let mut c = Command::new(&exe);
+            c.arg(&secs);
+            for (k, v) in env {
+                if *k == "LD_PRELOAD" {
+                    c.env(k, &lib);
+                } else {
+                    c.env(k, v);
+                }
+            }
+            c.env("CRANE_RUN_DIR", dir.join("run"))
+                .env("CRANE_PROXY", &addr)
+                .env("CRANE_PROXY_TOKEN", "bench");
+            let out = c.output()?;
+            if !out.status.success() {
+                bail!("{name}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            let lines = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.strip_prefix("BENCH ")?.split_whitespace();
+                    Some((
+                        w.next()?.to_string(),
+                        w.next()?.parse().ok()?,
+                        w.next().unwrap_or("").to_string(),
+                    ))
+                })
+                .collect();
+            table.push((name.to_string(), lines));
+        }
+        Ok(())
+    })();
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    let names: Vec<(String, String)> = table[0]
+        .1
+        .iter()
+        .map(|(n, _, u)| (n.clone(), u.clone()))
+        .collect();
+    print!("{:<14} {:<12}", "figure", "unit");
+    for (c, _) in &table {
+        print!(" {c:>18}");
+    }
+    println!();
+    for (n, u) in &names {
+        print!("{n:<14} {u:<12}");
+        for (_, lines) in &table {
+            let v = lines.iter().find(|l| &l.0 == n).map_or(f64::NAN, |l| l.1);
+            print!(" {v:>18.1}");
+        }
+        println!();
+    }
+    let fr = |i: usize| {
+        table[i]
+            .1
+            .iter()
+            .find(|l| l.0 == "frame_rate")
+            .map_or(f64::NAN, |l| l.1)
+    };
+    println!(
+        "frame rate while remoting (batched): {:.0}% of native; unbatched: {:.0}%",
+        100.0 * fr(2) / fr(0),
+        100.0 * fr(3) / fr(0)
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("test") => test(),
         Some("demo") => demo(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("bench-remote") => bench_remote(&args[1..]),
         Some("testbed") => crane_test_vms::cli(&args[1..]),
         other => bail!("unknown xtask command {other:?}; try test, demo or testbed"),
     }

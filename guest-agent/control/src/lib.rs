@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub mod notice;
+
 /// Default run directory; `CRANE_RUN_DIR` overrides it.
 pub const DEFAULT_RUN_DIR: &str = "/run/crane";
 

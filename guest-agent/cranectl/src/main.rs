@@ -1,18 +1,68 @@
 //! `cranectl`: list, suspend and resume interposed OpenCL processes through
-//! their control sockets.
+//! their control sockets, and install libcrane_opencl.so as the ICD in front
+//! of the system's OpenCL vendors.
 
-use std::path::Path;
+mod icd;
+
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use crane_control::{Request, Response, call, list_pids, run_dir_from_env, socket_path};
 
+mod agent;
+
 const USAGE: &str = "usage: cranectl [--json] list
        cranectl suspend PID|all [--deadline-ms N]
        cranectl resume PID|all [--deadline-ms N]
        cranectl remote PID|all --proxy tcp://HOST:PORT|unix:/PATH [--token-file F] [--deadline-ms N]
-       cranectl local PID|all [--deadline-ms N]";
+       cranectl local PID|all [--deadline-ms N]
+       cranectl agent prepare-migrate [--mode stop-and-copy|remote] [--proxy ADDR] [--token-file F] [--deadline-ms N]
+       cranectl agent prepare-resume [--deadline-ms N]
+       cranectl agent status
+       cranectl install-icd [--lib PATH] [--root DIR]
+       cranectl uninstall-icd [--root DIR]";
+
+/// The value after `name`, if `name` is given.
+fn option(args: &[String], name: &str) -> Result<Option<String>> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => Ok(Some(
+            args.get(i + 1)
+                .with_context(|| format!("{name} needs a value"))?
+                .clone(),
+        )),
+        None => Ok(None),
+    }
+}
+
+/// Refuses anything but `allowed` options, each with a value: the ICD verbs
+/// change system directories, so a mistyped or unknown argument (`--help`
+/// included) must stop them.
+fn only_options(args: &[String], allowed: &[&str]) -> Result<()> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if !allowed.contains(&a.as_str()) || it.next().is_none() {
+            bail!("unexpected argument {a:?}\n{USAGE}");
+        }
+    }
+    Ok(())
+}
+
+/// libcrane_opencl.so installed beside cranectl (a cargo target directory, or
+/// `bin/` and `lib/` under one prefix).
+fn default_library() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find cranectl's own path")?;
+    let dir = exe.parent().context("cranectl's path has no directory")?;
+    [
+        dir.join("libcrane_opencl.so"),
+        dir.join("../lib/libcrane_opencl.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+    .context("libcrane_opencl.so is not beside cranectl; give its path with --lib")
+}
 
 fn targets(run_dir: &Path, which: &str) -> Result<Vec<u32>> {
     if which == "all" {
@@ -134,16 +184,7 @@ fn run() -> Result<ExitCode> {
                     .parse()?,
                 None => 10_000,
             };
-            let opt = |name: &str| -> Result<Option<String>> {
-                match args.iter().position(|a| a == name) {
-                    Some(i) => Ok(Some(
-                        args.get(i + 1)
-                            .with_context(|| format!("{name} needs a value"))?
-                            .clone(),
-                    )),
-                    None => Ok(None),
-                }
-            };
+            let opt = |name: &str| option(&args, name);
             let req = match verb {
                 "suspend" => Request::Suspend { deadline_ms },
                 "resume" => Request::Resume,
@@ -200,6 +241,38 @@ fn run() -> Result<ExitCode> {
                         eprintln!("{pid}: {e}");
                     }
                 }
+            }
+        }
+        Some("agent") => return agent::run(&args[1..], json, &run_dir),
+        Some("install-icd") => {
+            only_options(&args[1..], &["--lib", "--root"])?;
+            let root = option(&args, "--root")?.map(PathBuf::from);
+            let lib = match option(&args, "--lib")? {
+                Some(l) => PathBuf::from(l),
+                None if root.is_none() => default_library()?,
+                None => bail!("with --root, give the library's path in the image with --lib"),
+            };
+            let on_disk = icd::under(root.as_deref(), &lib);
+            if !on_disk.is_file() {
+                bail!("{} does not exist", on_disk.display());
+            }
+            let out = icd::install(&icd::Layout::from_env(root.as_deref()), &lib)?;
+            for a in &out.actions {
+                println!("{a}");
+            }
+            if out.wrapped.is_empty() {
+                eprintln!(
+                    "cranectl: warning: no vendor ICD file to wrap; applications will see no OpenCL platform"
+                );
+            } else {
+                println!("crane wraps {}", out.wrapped.join(", "));
+            }
+        }
+        Some("uninstall-icd") => {
+            only_options(&args[1..], &["--root"])?;
+            let root = option(&args, "--root")?.map(PathBuf::from);
+            for a in icd::uninstall(&icd::Layout::from_env(root.as_deref()))?.actions {
+                println!("{a}");
             }
         }
         _ => bail!("{USAGE}"),

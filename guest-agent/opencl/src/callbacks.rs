@@ -1,6 +1,8 @@
 //! Trampolines between vendor callbacks and the application's: the vendor
 //! calls crane with its own object, the application is called with crane's
 //! handle, and each registration fires exactly once even across a suspend.
+//! Crane's part of each runs inside `entry::callback`, so that a panic in it
+//! never unwinds into the vendor's thread.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -9,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 use opencl_sys::*;
 
-use crate::gate;
 use crate::objects::Callback;
+use crate::{entry, gate};
 
 /// Build callbacks registered and not yet run: suspend waits for them, so that
 /// no vendor thread calls into crane after the vendor is unloaded.
@@ -29,15 +31,14 @@ pub unsafe extern "C" fn event_trampoline(
     // vendor calls each registration once.
     let cb = unsafe { Arc::from_raw(ud as *const Callback) };
     let _pass = gate::enter_callback();
-    if !cb.fired.swap(true, Ordering::AcqRel) {
-        // SAFETY: `func` is the application's non-null callback of this type.
-        let f: EventFn = unsafe { std::mem::transmute::<usize, EventFn>(cb.func) };
-        let r = std::panic::catch_unwind(|| {
+    entry::callback("event_trampoline", || {
+        if !cb.fired.swap(true, Ordering::AcqRel) {
+            // SAFETY: `func` is the application's non-null callback of this type.
+            let f: EventFn = unsafe { std::mem::transmute::<usize, EventFn>(cb.func) };
             // SAFETY: the application's callback with its own data.
             unsafe { f(cb.handle as cl_event, status, cb.user_data as *mut c_void) }
-        });
-        drop(r);
-    }
+        }
+    });
 }
 
 /// Registers `cb` on a vendor event.
@@ -72,7 +73,7 @@ unsafe extern "C" fn destructor_trampoline(_vendor_obj: *mut c_void, ud: *mut c_
     // SAFETY: `ud` is the Box made in `hand_over_destructors`; called once.
     let d = unsafe { Box::from_raw(ud as *mut Destructors) };
     let _pass = gate::enter_callback();
-    run_destructors(&d.list);
+    entry::callback("destructor_trampoline", || run_destructors(&d.list));
 }
 
 fn run_destructors(list: &[Arc<Callback>]) {
@@ -80,11 +81,8 @@ fn run_destructors(list: &[Arc<Callback>]) {
         if !cb.fired.swap(true, Ordering::AcqRel) {
             // SAFETY: `func` is the application's non-null destructor callback.
             let f: DestructorFn = unsafe { std::mem::transmute::<usize, DestructorFn>(cb.func) };
-            let r = std::panic::catch_unwind(|| {
-                // SAFETY: the application's callback with its own data.
-                unsafe { f(cb.handle as *mut c_void, cb.user_data as *mut c_void) }
-            });
-            drop(r);
+            // SAFETY: the application's callback with its own data.
+            unsafe { f(cb.handle as *mut c_void, cb.user_data as *mut c_void) }
         }
     }
 }
@@ -133,11 +131,11 @@ pub struct BuildNotify {
 pub unsafe extern "C" fn build_trampoline(_vendor_program: cl_program, ud: *mut c_void) {
     // SAFETY: `ud` is the Box made by the registering entry point; called once.
     let n = unsafe { Box::from_raw(ud as *mut BuildNotify) };
-    let _pass = gate::enter_callback();
-    let r = std::panic::catch_unwind(|| {
+    let pass = gate::enter_callback();
+    entry::callback("build_trampoline", || {
         // SAFETY: the application's callback with its own data.
         unsafe { (n.func)(n.handle as cl_program, n.user_data as *mut c_void) }
     });
-    drop(r);
+    drop(pass);
     PENDING_BUILDS.fetch_sub(1, Ordering::AcqRel);
 }

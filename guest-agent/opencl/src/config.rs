@@ -9,14 +9,29 @@ pub struct Config {
     pub debug: bool,
     /// `CRANE_VENDOR`: colon-separated vendor libraries, overriding discovery.
     pub vendor_override: Option<String>,
+    /// `CRANE_VENDORS_DIR` (default /etc/crane/vendors.d): the ICD files of the
+    /// vendors crane wraps, moved there by `cranectl install-icd` so that the
+    /// ICD loader does not load them a second time.
+    pub vendors_dir: PathBuf,
     /// `CRANE_RUN_DIR` (default /run/crane): control sockets live in `apps/`.
     pub run_dir: PathBuf,
     /// `CRANE_WRITE_CACHE=0` turns off keeping host writes in RAM (saves memory,
     /// costs read-back at suspend).
     pub write_cache: bool,
+    /// `CRANE_WRITE_CACHE_MAX` (bytes, default 1 MiB): host writes larger
+    /// than this are not kept; their buffer is read back at suspend.
+    pub write_cache_max: usize,
     /// `CRANE_CONTROL=0` starts no control socket (for benchmarks of the bare
     /// forwarding path).
     pub control_socket: bool,
+    /// `CRANE_REMOTE_BATCH=0` makes every forwarded call a round trip (for
+    /// measuring what batching buys).
+    pub remote_batch: bool,
+    /// `CRANE_HOST_MEMORY=emulate` gives the vendor no host memory
+    /// (CL_MEM_USE_HOST_PTR / CL_MEM_ALLOC_HOST_PTR): crane serves those
+    /// buffers' maps itself, so the vendor pins nothing (see
+    /// docs/architecture.md on NVIDIA).
+    pub emulate_host_memory: bool,
 }
 
 pub fn get() -> &'static Config {
@@ -29,11 +44,20 @@ pub fn get() -> &'static Config {
         Config {
             debug: flag("CRANE_DEBUG", false),
             vendor_override: std::env::var("CRANE_VENDOR").ok().filter(|s| !s.is_empty()),
+            vendors_dir: std::env::var_os("CRANE_VENDORS_DIR")
+                .filter(|s| !s.is_empty())
+                .map_or_else(|| PathBuf::from("/etc/crane/vendors.d"), PathBuf::from),
             run_dir: std::env::var_os("CRANE_RUN_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("/run/crane")),
             write_cache: flag("CRANE_WRITE_CACHE", true),
+            write_cache_max: std::env::var("CRANE_WRITE_CACHE_MAX")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1 << 20),
             control_socket: flag("CRANE_CONTROL", true),
+            remote_batch: flag("CRANE_REMOTE_BATCH", true),
+            emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),
         }
     })
 }
@@ -54,3 +78,57 @@ macro_rules! warn_ {
     };
 }
 pub(crate) use warn_ as warn;
+
+/// Where a process starts: `CRANE_MODE=remote` with `CRANE_PROXY=ADDR` (and
+/// the token in `CRANE_PROXY_TOKEN` or the file `CRANE_PROXY_TOKEN_FILE`)
+/// starts it on crane-proxy, for processes started while their guest is
+/// migrating; anything else starts it on the local vendor libraries.
+///
+/// Without `CRANE_MODE`, the guest agent's migration notice decides (see
+/// `crane_control::notice`): a process starting while its guest is remoting
+/// starts on the proxy, one starting during a stop-and-copy migration waits
+/// until the notice is gone.
+pub fn initial_target() -> crate::vendor::Target {
+    use crane_control::notice::{MigrationNotice, read_notice};
+    if std::env::var_os("CRANE_MODE").is_none() {
+        let mut told = false;
+        loop {
+            match read_notice(&get().run_dir) {
+                Some(MigrationNotice::Remote { proxy, token }) => {
+                    debug!("migration under way: starting on crane-proxy at {proxy}");
+                    return crate::vendor::Target::Remote {
+                        addr: proxy,
+                        token: token.unwrap_or_default(),
+                    };
+                }
+                Some(MigrationNotice::Suspended) => {
+                    if !told {
+                        warn_!("the guest is migrating; OpenCL waits until it has arrived");
+                        told = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                None => return crate::vendor::Target::Local,
+            }
+        }
+    }
+    let remote = std::env::var("CRANE_MODE").is_ok_and(|m| m == "remote");
+    let addr = std::env::var("CRANE_PROXY").unwrap_or_default();
+    if !remote {
+        return crate::vendor::Target::Local;
+    }
+    if addr.is_empty() {
+        warn_!("CRANE_MODE=remote needs CRANE_PROXY=ADDR; using the local vendor libraries");
+        return crate::vendor::Target::Local;
+    }
+    let token = match std::env::var("CRANE_PROXY_TOKEN_FILE") {
+        Ok(f) => std::fs::read_to_string(&f)
+            .map(|t| t.trim().to_string())
+            .unwrap_or_else(|e| {
+                warn_!("cannot read CRANE_PROXY_TOKEN_FILE {f}: {e}");
+                String::new()
+            }),
+        Err(_) => std::env::var("CRANE_PROXY_TOKEN").unwrap_or_default(),
+    };
+    crate::vendor::Target::Remote { addr, token }
+}

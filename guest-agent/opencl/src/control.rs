@@ -1,10 +1,15 @@
 //! The per-process control socket (`$CRANE_RUN_DIR/apps/<pid>.sock`, mode
-//! 0600), served by one thread started at the application's first OpenCL call.
+//! 0600), accepted by one thread started at the application's first OpenCL
+//! call. Each connection is read on a short-lived thread of its own, so a peer
+//! that connects and never sends (or trickles) delays nobody: it is dropped
+//! after `REQUEST_DEADLINE`. Requests are at most `MAX_REQUEST` bytes and are
+//! carried out one at a time.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Once;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 use crane_control::{MAX_REQUEST, Mode, Request, Response};
@@ -13,6 +18,18 @@ use crate::config::{self, debug, warn};
 use crate::{gate, lifecycle};
 
 static START: Once = Once::new();
+
+/// How long a peer has to send its whole request line.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a peer has to take the response.
+const RESPONSE_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections being read at once; more are refused at once, so that a flood
+/// of idle connections costs bounded threads and memory.
+const MAX_CONNECTIONS: usize = 16;
+static CONNECTIONS: AtomicUsize = AtomicUsize::new(0);
+/// Requests are carried out one at a time (suspend, resume and status all
+/// move the gate).
+static HANDLING: Mutex<()> = Mutex::new(());
 
 /// Starts the control thread once per process.
 pub fn start() {
@@ -47,7 +64,7 @@ pub fn start() {
             .spawn(move || {
                 for conn in listener.incoming() {
                     match conn {
-                        Ok(s) => serve(s),
+                        Ok(s) => accept(s),
                         Err(e) => debug!("control accept: {e}"),
                     }
                 }
@@ -67,20 +84,118 @@ extern "C" fn remove_socket() {
     ));
 }
 
-fn serve(s: UnixStream) {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut line = String::new();
-    let mut r = BufReader::new((&s).take(MAX_REQUEST as u64));
-    let resp = match r.read_line(&mut line) {
-        Ok(_) => match serde_json::from_str::<Request>(&line) {
-            Ok(req) => handle(req),
+/// Hands a connection to a thread of its own, or refuses it when too many are
+/// open.
+fn accept(s: UnixStream) {
+    if CONNECTIONS.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+        CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
+        respond(
+            &s,
+            &Response::error("too many control connections open; try again"),
+        );
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("crane-control-conn".into())
+        .spawn(move || {
+            serve(&s);
+            CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
+        });
+    if let Err(e) = spawned {
+        CONNECTIONS.fetch_sub(1, Ordering::AcqRel);
+        debug!("cannot start a control connection thread: {e}");
+    }
+}
+
+fn serve(s: &UnixStream) {
+    let resp = match read_request(s, REQUEST_DEADLINE) {
+        Ok(line) => match serde_json::from_slice::<Request>(&line) {
+            Ok(req) => {
+                let _one_at_a_time = HANDLING.lock().unwrap_or_else(|e| e.into_inner());
+                handle(req)
+            }
             Err(e) => Response::error(format!("malformed request: {e}")),
         },
-        Err(e) => Response::error(format!("cannot read request: {e}")),
+        Err(RequestError::Closed) => return,
+        Err(e) => Response::error(e.to_string()),
     };
-    let mut out = serde_json::to_vec(&resp).unwrap_or_default();
+    respond(s, &resp);
+}
+
+fn respond(s: &UnixStream, resp: &Response) {
+    let mut out = serde_json::to_vec(resp).unwrap_or_default();
     out.push(b'\n');
-    let _ = (&s).write_all(&out);
+    let _ = s.set_write_timeout(Some(RESPONSE_DEADLINE));
+    let _ = (&*s).write_all(&out);
+}
+
+/// Why no request line came.
+#[derive(Debug, PartialEq, Eq)]
+enum RequestError {
+    /// The peer closed the connection without sending anything.
+    Closed,
+    TooLong,
+    TimedOut,
+    Read(std::io::ErrorKind),
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestError::Closed => write!(f, "the connection closed before a request"),
+            RequestError::TooLong => write!(f, "request longer than {MAX_REQUEST} bytes"),
+            RequestError::TimedOut => write!(
+                f,
+                "no complete request line within {} s",
+                REQUEST_DEADLINE.as_secs()
+            ),
+            RequestError::Read(k) => write!(f, "cannot read the request: {k}"),
+        }
+    }
+}
+
+/// Reads one request line (without its newline, or up to end of input), at
+/// most `MAX_REQUEST` bytes, within `deadline` in total however slowly the
+/// peer sends.
+fn read_request(s: &UnixStream, deadline: Duration) -> Result<Vec<u8>, RequestError> {
+    let end = Instant::now() + deadline;
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RequestError::TimedOut);
+        }
+        s.set_read_timeout(Some(left))
+            .map_err(|e| RequestError::Read(e.kind()))?;
+        let n = match (&*s).read(&mut chunk) {
+            Ok(0) if line.is_empty() => return Err(RequestError::Closed),
+            Ok(0) => return Ok(line),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(RequestError::TimedOut);
+            }
+            Err(e) => return Err(RequestError::Read(e.kind())),
+        };
+        let got = &chunk[..n];
+        let (part, done) = match got.iter().position(|&b| b == b'\n') {
+            Some(i) => (&got[..i], true),
+            None => (got, false),
+        };
+        if line.len() + part.len() > MAX_REQUEST {
+            return Err(RequestError::TooLong);
+        }
+        line.extend_from_slice(part);
+        if done {
+            return Ok(line);
+        }
+    }
 }
 
 fn handle(req: Request) -> Response {
@@ -95,7 +210,7 @@ fn handle(req: Request) -> Response {
         Request::Status => {
             // Counting objects needs them to hold still: pause the application's
             // calls briefly (they already are while suspended).
-            let paused = lifecycle::mode() == Mode::Passthrough;
+            let paused = lifecycle::mode() != Mode::Suspended;
             if paused && gate::shut(gate::CLOSED, Instant::now() + Duration::from_secs(2)).is_err()
             {
                 gate::open();
@@ -128,8 +243,111 @@ fn handle(req: Request) -> Response {
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during resume"),
         },
-        Request::Remote { .. } | Request::Local { .. } => {
-            Response::error("this build of libcrane_opencl.so cannot forward to crane-proxy")
-        }
+        Request::Remote {
+            proxy,
+            token,
+            deadline_ms,
+        } => match std::panic::catch_unwind(|| {
+            lifecycle::go_remote(
+                proxy,
+                token.unwrap_or_default(),
+                Duration::from_millis(deadline_ms),
+            )
+        }) {
+            Ok(Ok((phases, residue))) => ok(phases, Some(residue)),
+            Ok(Err(e)) => Response::error(e),
+            Err(_) => Response::error("internal error while going remote"),
+        },
+        Request::Local { deadline_ms } => match std::panic::catch_unwind(|| {
+            lifecycle::go_local(Duration::from_millis(deadline_ms))
+        }) {
+            Ok(Ok(phases)) => ok(phases, None),
+            Ok(Err(e)) => Response::error(e),
+            Err(_) => Response::error("internal error while going local"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (UnixStream, UnixStream) {
+        UnixStream::pair().unwrap()
+    }
+
+    #[test]
+    fn a_line_is_read_without_its_newline() {
+        let (a, b) = pair();
+        (&a).write_all(b"{\"cmd\":\"status\"}\nrest").unwrap();
+        assert_eq!(
+            read_request(&b, Duration::from_secs(1)).unwrap(),
+            b"{\"cmd\":\"status\"}"
+        );
+    }
+
+    #[test]
+    fn end_of_input_ends_the_line() {
+        let (a, b) = pair();
+        (&a).write_all(b"{\"cmd\":\"resume\"}").unwrap();
+        a.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(
+            read_request(&b, Duration::from_secs(1)).unwrap(),
+            b"{\"cmd\":\"resume\"}"
+        );
+        let (a, b) = pair();
+        drop(a);
+        assert_eq!(
+            read_request(&b, Duration::from_secs(1)),
+            Err(RequestError::Closed)
+        );
+    }
+
+    #[test]
+    fn a_long_line_is_refused_after_the_cap() {
+        let (a, b) = pair();
+        let writer = std::thread::spawn(move || {
+            let junk = vec![b'x'; 4096];
+            // The reader stops early; the write then fails.
+            for _ in 0..(4 * MAX_REQUEST / junk.len()) {
+                if (&a).write_all(&junk).is_err() {
+                    break;
+                }
+            }
+        });
+        assert_eq!(
+            read_request(&b, Duration::from_secs(5)),
+            Err(RequestError::TooLong)
+        );
+        drop(b);
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_or_trickling_peer_times_out() {
+        let (_a, b) = pair();
+        let t = Instant::now();
+        assert_eq!(
+            read_request(&b, Duration::from_millis(200)),
+            Err(RequestError::TimedOut)
+        );
+        assert!(t.elapsed() < Duration::from_secs(2));
+        let (a, b) = pair();
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                if (&a).write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        let t = Instant::now();
+        assert_eq!(
+            read_request(&b, Duration::from_millis(300)),
+            Err(RequestError::TimedOut)
+        );
+        assert!(t.elapsed() < Duration::from_secs(2));
+        drop(b);
+        trickle.join().unwrap();
     }
 }

@@ -6,19 +6,26 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use opencl_sys::{CL_INVALID_VALUE, CL_OUT_OF_HOST_MEMORY, CL_SUCCESS, cl_int};
 
-use crate::gate;
+use crate::{fault, gate};
 
-/// The error a panic inside crane is reported as. The application's thread keeps
-/// running; the panic message has already gone to stderr through the panic hook.
+/// The error a panic inside crane is reported as: "CL_OUT_OF_HOST_MEMORY if
+/// there is a failure to allocate resources required by the OpenCL
+/// implementation on the host" is the one code every entry point may return,
+/// so every application already handles it. The application's thread keeps
+/// running; the panic message has gone to stderr as one line
+/// (`install_panic_hook`).
 const PANIC_CODE: cl_int = CL_OUT_OF_HOST_MEMORY;
 
 pub type ClResult<T> = Result<T, cl_int>;
 
 /// Entry points returning a `cl_int` status.
 #[inline(always)]
-pub fn status(exempt: bool, f: impl FnOnce() -> ClResult<()>) -> cl_int {
+pub fn status<F: FnOnce() -> ClResult<()>>(exempt: bool, f: F) -> cl_int {
     let _pass = gate::enter(exempt);
-    match catch_unwind(AssertUnwindSafe(f)) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        fault::entry::<F>();
+        f()
+    })) {
         Ok(Ok(())) => CL_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => PANIC_CODE,
@@ -27,9 +34,12 @@ pub fn status(exempt: bool, f: impl FnOnce() -> ClResult<()>) -> cl_int {
 
 /// Entry points returning an object and reporting through `errcode_ret`.
 #[inline(always)]
-pub fn object<T>(errcode_ret: *mut cl_int, f: impl FnOnce() -> ClResult<*mut T>) -> *mut T {
+pub fn object<T, F: FnOnce() -> ClResult<*mut T>>(errcode_ret: *mut cl_int, f: F) -> *mut T {
     let _pass = gate::enter(false);
-    let (ret, code) = match catch_unwind(AssertUnwindSafe(f)) {
+    let (ret, code) = match catch_unwind(AssertUnwindSafe(|| {
+        fault::entry::<F>();
+        f()
+    })) {
         Ok(Ok(p)) => (p, CL_SUCCESS),
         Ok(Err(e)) => (std::ptr::null_mut(), e),
         Err(_) => (std::ptr::null_mut(), PANIC_CODE),
@@ -44,14 +54,53 @@ pub fn object<T>(errcode_ret: *mut cl_int, f: impl FnOnce() -> ClResult<*mut T>)
 /// Entry points that return a raw pointer (maps, SVM) and report through
 /// `errcode_ret`.
 #[inline(always)]
-pub fn pointer(errcode_ret: *mut cl_int, f: impl FnOnce() -> ClResult<*mut c_void>) -> *mut c_void {
+pub fn pointer<F: FnOnce() -> ClResult<*mut c_void>>(
+    errcode_ret: *mut cl_int,
+    f: F,
+) -> *mut c_void {
     object(errcode_ret, f)
 }
 
-/// Entry points whose result is not an error code (e.g. clSVMAlloc).
-pub fn infallible<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+/// Entry points whose result is not an error code (e.g. clSVMAlloc): a panic
+/// gives `fallback` (NULL for the pointer-returning ones).
+pub fn infallible<T, F: FnOnce() -> T>(fallback: T, f: F) -> T {
     let _pass = gate::enter(false);
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
+    catch_unwind(AssertUnwindSafe(|| {
+        fault::entry::<F>();
+        f()
+    }))
+    .unwrap_or(fallback)
+}
+
+/// Runs crane's side of a callback the vendor makes into crane. A panic must
+/// not unwind into the vendor's frames (that aborts the process): it is
+/// caught here and the callback is dropped, after the hook's one line.
+pub fn callback(name: &str, f: impl FnOnce()) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        fault::point(name);
+        f()
+    }));
+}
+
+/// Installs the panic hook of a loaded `libcrane_opencl.so`: one line on
+/// stderr per panic (the default hook prints two and suggests
+/// RUST_BACKTRACE, noise in someone else's program); `CRANE_DEBUG=1` adds a
+/// backtrace. The hook belongs to crane's own copy of the Rust runtime, so it
+/// sees only crane's panics, never the application's.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info.payload_as_str().unwrap_or("(no message)");
+        let at = info
+            .location()
+            .map_or_else(String::new, |l| format!(" at {}:{}", l.file(), l.line()));
+        eprintln!(
+            "crane[{}]: caught internal error{at}: {msg}",
+            std::process::id()
+        );
+        if crate::config::get().debug {
+            eprintln!("{}", std::backtrace::Backtrace::force_capture());
+        }
+    }));
 }
 
 /// Writes an info query's answer the way every clGet*Info does: `size_ret` gets

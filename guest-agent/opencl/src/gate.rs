@@ -91,8 +91,11 @@ fn register() -> &'static ThreadSlot {
         }
     };
     MINE.with(|m| m.set(Some(slot)));
-    // Touch OWNER so its destructor runs when this thread exits.
-    OWNER.with(|_| ());
+    // Touch OWNER so its destructor runs when this thread exits. `try_with`:
+    // a call from another thread-local destructor, after OWNER's own has run,
+    // must not panic here, outside every catch_unwind (the slot then stays
+    // marked in use, which costs one leaked slot).
+    let _ = OWNER.try_with(|_| ());
     slot
 }
 

@@ -19,12 +19,26 @@ use crate::entry::ClResult;
 use crate::gate;
 use crate::handle::{self, ClObject};
 use crate::objects::*;
-use crate::vendor::{self, check, vfn};
+use crate::vendor::{self, Target, check, vfn};
 
-static MODE: Mutex<Mode> = Mutex::new(Mode::Passthrough);
+/// The process's mode; `None` until first asked, then derived from where the
+/// process starts (see `config::initial_target`).
+static MODE: Mutex<Option<Mode>> = Mutex::new(None);
+
+fn running_mode() -> Mode {
+    match vendor::target() {
+        Target::Local => Mode::Passthrough,
+        Target::Remote { .. } => Mode::Remote,
+    }
+}
 
 pub fn mode() -> Mode {
-    *MODE.lock().unwrap_or_else(|e| e.into_inner())
+    let mut m = MODE.lock().unwrap_or_else(|e| e.into_inner());
+    *m.get_or_insert_with(running_mode)
+}
+
+fn set_mode(m: Mode) {
+    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Some(m);
 }
 
 /// Map write-backs whose source memory must live until their event completes.
@@ -116,7 +130,7 @@ pub fn residue() -> Residue {
 /// Suspends the process's OpenCL state. On failure before anything was
 /// released, the application simply carries on.
 pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
-    if mode() != Mode::Passthrough {
+    if mode() == Mode::Suspended {
         return Err("the process is already suspended".into());
     }
     let end = Instant::now() + deadline;
@@ -143,6 +157,14 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     release_all();
     unload_compilers();
     tm.lap("release", 0);
+    if let Some(ms) = std::env::var("CRANE_UNLOAD_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // Diagnostics (docs/architecture.md, NVIDIA): let the vendor's threads
+        // finish what they still owe before its code is unmapped.
+        std::thread::sleep(Duration::from_millis(ms));
+    }
     let reports = vendor::unload(&policy());
     let mut res = residue();
     for r in reports {
@@ -156,7 +178,7 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
         }
     }
     tm.lap("unload", 0);
-    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Suspended;
+    set_mode(Mode::Suspended);
     debug!("suspended: {:?}", tm.phases);
     Ok((tm.phases, res))
 }
@@ -315,18 +337,13 @@ fn read_back() -> ClResult<u64> {
         }
         match &m.kind {
             MemKind::Buffer => {
-                let dst: *mut u8;
-                let mut data = Vec::new();
-                if m.flags & CL_MEM_USE_HOST_PTR != 0 {
-                    dst = m.host_ptr as *mut u8;
-                } else {
-                    data = vec![0u8; m.size];
-                    dst = data.as_mut_ptr();
-                }
+                let mut data = vec![0u8; m.size];
                 with_queue(&m.context, &queues, |q| {
-                    read_buffer(&m.context, q, v, m.flags, m.size, dst)
+                    read_buffer(&m.context, q, v, m.flags, m.size, data.as_mut_ptr())
                 })?;
-                if m.flags & CL_MEM_USE_HOST_PTR == 0 {
+                if m.flags & CL_MEM_USE_HOST_PTR != 0 {
+                    copy_to_host_ptr(&m, &data);
+                } else {
                     m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
                 }
                 bytes += m.size as u64;
@@ -362,6 +379,37 @@ fn read_back() -> ClResult<u64> {
         m.dirty.store(false, Ordering::Relaxed);
     }
     Ok(bytes)
+}
+
+/// Brings a CL_MEM_USE_HOST_PTR buffer's host memory up to date with what the
+/// device holds, except the ranges the application has mapped for writing:
+/// those hold its changes, which reach the device at unmap.
+fn copy_to_host_ptr(m: &Mem, data: &[u8]) {
+    let mut keep: Vec<(usize, usize)> = m
+        .maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|r| r.write)
+        .map(|r| (r.offset, (r.offset + r.size).min(data.len())))
+        .collect();
+    keep.sort_unstable();
+    let mut at = 0;
+    let host = m.host_ptr as *mut u8;
+    let copy = |from: usize, to: usize| {
+        if from < to {
+            // SAFETY: the application's host memory of the buffer's size,
+            // which it must keep valid for the buffer's life.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr().add(from), host.add(from), to - from)
+            };
+        }
+    };
+    for (start, end) in keep {
+        copy(at, start.max(at));
+        at = at.max(end);
+    }
+    copy(at, data.len());
 }
 
 /// Reads a whole buffer. Buffers the host may not read
@@ -443,7 +491,16 @@ fn save_events() {
             .queue
             .as_ref()
             .is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
-        if profiled && status == CL_COMPLETE {
+        // An event restored by an earlier resume is a user event on the vendor,
+        // which has no profiling information: keep what was saved the first
+        // time (re-reading gave zeros, so an application reading START before
+        // and END after a second suspend saw END < START).
+        let saved = e
+            .profiling
+            .lock()
+            .unwrap_or_else(|x| x.into_inner())
+            .is_some();
+        if profiled && status == CL_COMPLETE && !saved {
             let mut vals = [0u64; 5];
             let params = [
                 CL_PROFILING_COMMAND_QUEUED,
@@ -511,6 +568,15 @@ fn release_all() {
         matches!(m.kind, MemKind::SubBuffer { .. })
     });
     release_kind::<Mem, _>(rel!(clReleaseMemObject), |_| true);
+    // Some vendors free memory (and unpin host memory) only when the queue
+    // that last used it moves on: let every queue do so before it goes.
+    for q in handle::live::<Queue>() {
+        let v = q.base.vendor();
+        if let Ok(f) = vfn!(v, clFinish) {
+            // SAFETY: a live vendor queue.
+            unsafe { f(v.cast()) };
+        }
+    }
     release_kind::<Sampler, _>(rel!(clReleaseSampler), |_| true);
     release_kind::<Program, _>(rel!(clReleaseProgram), |p| {
         matches!(p.source, ProgramSource::Linked { .. })
@@ -540,13 +606,37 @@ pub fn resume() -> Result<Vec<Phase>, String> {
         return Err("the process is not suspended".into());
     }
     let mut tm = Timer::new();
-    vendor::load()
-        .map_err(|e| format!("reloading the vendor library failed with OpenCL error {e}"))?;
-    tm.lap("reload", 0);
-    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
-    recreate(&mut bytes, &mut inject).map_err(|e| {
-        format!("recreating objects failed with OpenCL error {e}; the process stays suspended")
+    let remote = matches!(vendor::target(), Target::Remote { .. });
+    vendor::load().map_err(|e| {
+        if let Some(why) = vendor::take_load_error() {
+            why
+        } else if remote {
+            format!("connecting to crane-proxy failed with OpenCL error {e}")
+        } else {
+            format!("reloading the vendor library failed with OpenCL error {e}")
+        }
     })?;
+    tm.lap(if remote { "connect" } else { "reload" }, 0);
+    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
+    if let Err(e) = recreate(&mut bytes, &mut inject) {
+        // Give back what was made, so that a later attempt starts clean.
+        release_all();
+        vendor::unload(&policy());
+        return Err(format!(
+            "recreating objects failed with OpenCL error {e}; the process stays suspended"
+        ));
+    }
+    if let Some(s) = vendor::remote_session() {
+        // Creation is posted: wait until the proxy has carried it out, so that
+        // a failure shows here and not in the application's next call.
+        if let Err(e) = remote_sync(&s) {
+            release_all();
+            vendor::unload(&policy());
+            return Err(format!(
+                "crane-proxy could not recreate the objects (OpenCL error {e}); the process stays suspended"
+            ));
+        }
+    }
     tm.lap("recreate", 0);
     let rec = tm.phases.last_mut().expect("just pushed");
     rec.ms -= inject.as_secs_f64() * 1e3;
@@ -555,7 +645,11 @@ pub fn resume() -> Result<Vec<Phase>, String> {
         ms: inject.as_secs_f64() * 1e3,
         bytes,
     });
-    *MODE.lock().unwrap_or_else(|e| e.into_inner()) = Mode::Passthrough;
+    set_mode(if remote {
+        Mode::Remote
+    } else {
+        Mode::Passthrough
+    });
     gate::open();
     debug!("resumed: {:?}", tm.phases);
     Ok(tm.phases)
@@ -675,6 +769,96 @@ fn recreate(reinjected: &mut u64, reinject_time: &mut Duration) -> ClResult<()> 
         }
     }
     Ok(())
+}
+
+/// A round trip that returns the first failure of the calls posted before it.
+fn remote_sync(s: &crate::remote::Session) -> Result<(), cl_int> {
+    match s.call(
+        &crane_wire::Call::Sync,
+        &[],
+        crate::remote::session::Dest::Keep,
+    )? {
+        (crane_wire::Answer::Status(CL_SUCCESS), _) => match s.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        },
+        (crane_wire::Answer::Status(e), _) => Err(e),
+        _ => Err(CL_INVALID_OPERATION),
+    }
+}
+
+/// Passthrough (or suspended) to remote: the pre-migration critical path.
+/// The state goes to RAM and the local vendor library is unloaded exactly as
+/// for `suspend`; then the objects are recreated on crane-proxy from RAM. If
+/// the proxy cannot take them, the process goes back to where it was.
+pub fn go_remote(
+    addr: String,
+    token: String,
+    deadline: Duration,
+) -> Result<(Vec<Phase>, Residue), String> {
+    let was = mode();
+    if was == Mode::Remote {
+        return Err("the process is already remote".into());
+    }
+    let (mut phases, residue) = if was == Mode::Passthrough {
+        suspend(deadline)?
+    } else {
+        (Vec::new(), Residue::default())
+    };
+    let before = vendor::target();
+    vendor::set_target(Target::Remote {
+        addr: addr.clone(),
+        token,
+    });
+    match resume() {
+        Ok(p) => {
+            phases.extend(p);
+            Ok((phases, residue))
+        }
+        Err(e) => {
+            vendor::set_target(before);
+            let back = if was == Mode::Passthrough {
+                match resume() {
+                    Ok(_) => "it carries on locally".to_string(),
+                    Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
+                }
+            } else {
+                "it stays suspended".to_string()
+            };
+            Err(format!(
+                "moving to crane-proxy at {addr} failed: {e}; {back}"
+            ))
+        }
+    }
+}
+
+/// Remote to passthrough: the post-migration path. Drains the proxy, reads
+/// back what it dirtied, closes the session (the proxy frees its memory), then
+/// reloads the local vendor library and recreates everything.
+pub fn go_local(deadline: Duration) -> Result<Vec<Phase>, String> {
+    let was = mode();
+    if was == Mode::Passthrough {
+        return Err("the process is already local".into());
+    }
+    let mut phases = if was == Mode::Remote {
+        suspend(deadline)?.0
+    } else {
+        Vec::new()
+    };
+    let before = vendor::target();
+    vendor::set_target(Target::Local);
+    match resume() {
+        Ok(p) => {
+            phases.extend(p);
+            Ok(phases)
+        }
+        Err(e) => {
+            vendor::set_target(before);
+            Err(format!(
+                "going local failed: {e}; the process stays suspended (retry, or go remote again)"
+            ))
+        }
+    }
 }
 
 /// Object counts and byte totals for `cranectl list`.

@@ -277,8 +277,17 @@ pub struct Program {
     pub context: Arc<Context>,
     pub source: ProgramSource,
     pub steps: Mutex<Vec<BuildStep>>,
+    /// The application's latest build, compile or link options did not ask
+    /// for kernel argument information (crane always does, for itself).
+    pub arg_info_hidden: AtomicBool,
 }
 cl_object!(Program, Program, clReleaseProgram);
+
+impl Program {
+    pub fn arg_info_hidden(&self) -> bool {
+        self.arg_info_hidden.load(Ordering::Relaxed)
+    }
+}
 
 /// What an argument of a kernel is, from its declaration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

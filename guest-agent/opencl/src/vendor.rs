@@ -10,10 +10,11 @@ use crane_vendor_loader::{DevicePolicy, UnloadReport, VendorLibrary};
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 use opencl_sys::*;
 
-use crate::config::{self, debug};
+use crate::config::{self, debug, warn};
 use crate::entry::ClResult;
 use crate::handle::{self, Base};
 use crate::objects::{Device, Platform};
+use crate::remote;
 
 /// The dispatch table of a vendor object.
 ///
@@ -70,15 +71,36 @@ pub unsafe fn release<F: Copy>(v: *mut c_void, sel: impl FnOnce(&_cl_icd_dispatc
     }
 }
 
+/// Where a loaded "vendor" lives.
+enum Backend {
+    /// A vendor library in this process.
+    Native(VendorLibrary),
+    /// crane-proxy, reached over the wire protocol (see `remote`).
+    Remote(Arc<remote::Session>),
+}
+
 struct Loaded {
-    lib: VendorLibrary,
+    backend: Backend,
     platforms: Vec<cl_platform_id>,
+}
+
+/// Where the next `load` takes the process's OpenCL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// The vendor libraries on this machine.
+    Local,
+    /// crane-proxy at `addr` (`tcp://HOST:PORT` or `unix:/path`).
+    Remote { addr: String, token: String },
 }
 
 // SAFETY: platform ids are vendor handles, valid from any thread.
 unsafe impl Send for Loaded {}
 
 struct State {
+    target: Option<Target>,
+    /// Why the last `load` failed, when there is more to say than an error
+    /// code (for the control socket's answer).
+    load_error: Option<String>,
     /// The vendor libraries in use, fixed at first load.
     paths: Option<Vec<PathBuf>>,
     loaded: Vec<Option<Loaded>>,
@@ -90,6 +112,8 @@ struct State {
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
+    target: None,
+    load_error: None,
     paths: None,
     loaded: Vec::new(),
     platforms: Vec::new(),
@@ -101,7 +125,7 @@ fn state() -> std::sync::MutexGuard<'static, State> {
 }
 
 /// The path of this library, so that discovery does not wrap crane itself.
-fn own_path() -> Option<PathBuf> {
+pub(crate) fn own_path() -> Option<PathBuf> {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: dladdr fills `info` for an address inside a loaded object.
     let ok = unsafe { libc::dladdr(own_path as *const c_void, info.as_mut_ptr()) };
@@ -130,51 +154,107 @@ fn is_crane(path: &str, own: Option<&Path>) -> bool {
     matches!((resolved, own), (Some(a), Some(b)) if a == b)
 }
 
-/// The vendor libraries to wrap: `CRANE_VENDOR`, else `OCL_ICD_FILENAMES`, else
-/// the ICD files in `OCL_ICD_VENDORS` (or /etc/OpenCL/vendors) and
-/// /etc/crane/vendors.d, skipping crane's own entry.
+/// Whether crane was loaded as an ICD behind an ICD loader (ICD mode). The
+/// application's OpenCL calls then bind to another library's `clGetPlatformIDs`:
+/// the loader's, found in the global scope, or, where the application opened
+/// the loader with `RTLD_LOCAL`, in the loaded `libOpenCL.so.1`. Preloaded or
+/// standing in for `libOpenCL.so.1`, crane's own comes first.
+pub fn behind_icd_loader() -> bool {
+    let ours = crate::api::platform::clGetPlatformIDs as *mut c_void;
+    let name = c"clGetPlatformIDs";
+    // SAFETY: dlsym with the RTLD_DEFAULT pseudo-handle and a C string.
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if !global.is_null() {
+        return global != ours;
+    }
+    // SAFETY: RTLD_NOLOAD only looks up an object already loaded.
+    let h = unsafe {
+        libc::dlopen(
+            c"libOpenCL.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return false;
+    }
+    // SAFETY: `h` is a live handle; dlclose drops the reference RTLD_NOLOAD took.
+    let theirs = unsafe { libc::dlsym(h, name.as_ptr()) };
+    // SAFETY: as above.
+    unsafe { libc::dlclose(h) };
+    !theirs.is_null() && theirs != ours
+}
+
+/// The library named on the first line of an ICD file.
+fn icd_library(file: &Path) -> Option<String> {
+    let s = std::fs::read_to_string(file).ok()?;
+    let lib = s.lines().next()?.trim();
+    (!lib.is_empty()).then(|| lib.to_string())
+}
+
+/// The libraries named by the `.icd` files of a directory, in file-name order.
+fn icd_dir(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "icd"))
+        .collect();
+    files.sort();
+    files.iter().filter_map(|f| icd_library(f)).collect()
+}
+
+/// What ocl-icd would load from `OCL_ICD_VENDORS`: the `.icd` files of a
+/// directory, the one library an `.icd` file names, or a library.
+fn ocl_icd_vendors(v: &std::ffi::OsStr) -> Vec<String> {
+    let p = Path::new(v);
+    if p.is_dir() {
+        icd_dir(p)
+    } else if p.extension().is_some_and(|e| e == "icd") {
+        icd_library(p).into_iter().collect()
+    } else {
+        vec![v.to_string_lossy().into_owned()]
+    }
+}
+
+/// The vendor libraries to wrap, crane's own entry skipped:
+/// * `CRANE_VENDOR`, if set;
+/// * in ICD mode (`behind_icd_loader`), the ICD files in `CRANE_VENDORS_DIR`
+///   only: the loader itself loads those in its own directory and in
+///   `OCL_ICD_FILENAMES`, and wrapping them as well would show each vendor
+///   twice (see `cranectl install-icd`);
+/// * otherwise crane is the process's OpenCL library and finds vendors as the
+///   ocl-icd loader would: `OCL_ICD_FILENAMES`, else `OCL_ICD_VENDORS` (or the
+///   ICD files in /etc/OpenCL/vendors), then `CRANE_VENDORS_DIR`.
 pub fn discover() -> Vec<PathBuf> {
     let own = own_path();
     let keep = |s: &str| !s.is_empty() && !is_crane(s, own.as_deref());
-    if let Some(v) = &config::get().vendor_override {
-        return v
-            .split(':')
-            .filter(|s| keep(s))
-            .map(PathBuf::from)
-            .collect();
-    }
-    if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
-        let list: Vec<PathBuf> = v
-            .split(':')
-            .filter(|s| keep(s))
-            .map(PathBuf::from)
-            .collect();
-        if !list.is_empty() {
-            return list;
+    let cfg = config::get();
+    let mut found: Vec<String> = Vec::new();
+    if let Some(v) = &cfg.vendor_override {
+        found.extend(v.split(':').map(str::to_string));
+    } else if behind_icd_loader() {
+        debug!(
+            "loaded by an ICD loader: wrapping the vendors in {}",
+            cfg.vendors_dir.display()
+        );
+        found = icd_dir(&cfg.vendors_dir);
+    } else {
+        if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
+            found.extend(v.split(':').filter(|s| keep(s)).map(str::to_string));
+        }
+        if found.is_empty() {
+            found = match std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty()) {
+                Some(v) => ocl_icd_vendors(&v),
+                None => icd_dir(Path::new("/etc/OpenCL/vendors")),
+            };
+            found.extend(icd_dir(&cfg.vendors_dir));
         }
     }
-    let dirs = [
-        std::env::var_os("OCL_ICD_VENDORS")
-            .map_or_else(|| PathBuf::from("/etc/OpenCL/vendors"), PathBuf::from),
-        PathBuf::from("/etc/crane/vendors.d"),
-    ];
-    let mut out = Vec::new();
-    for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        let mut files: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "icd"))
-            .collect();
-        files.sort();
-        for f in files {
-            if let Ok(s) = std::fs::read_to_string(&f) {
-                let lib = s.lines().next().unwrap_or("").trim().to_string();
-                if keep(&lib) && !out.iter().any(|p: &PathBuf| p.as_os_str() == lib.as_str()) {
-                    out.push(PathBuf::from(lib));
-                }
-            }
+    let mut out: Vec<PathBuf> = Vec::new();
+    for lib in found {
+        if keep(&lib) && !out.iter().any(|p| p.as_os_str() == lib.as_str()) {
+            out.push(PathBuf::from(lib));
         }
     }
     out
@@ -222,7 +302,42 @@ fn open_vendor(path: &Path) -> Result<Loaded, String> {
         check(unsafe { get(n, platforms.as_mut_ptr(), std::ptr::null_mut()) })
             .map_err(|e| format!("{}: clIcdGetPlatformIDsKHR failed with {e}", path.display()))?;
     }
-    Ok(Loaded { lib, platforms })
+    Ok(Loaded {
+        backend: Backend::Native(lib),
+        platforms,
+    })
+}
+
+fn open_remote(addr: &str, token: &str) -> Result<Loaded, String> {
+    let s = remote::Session::open(addr, token)?;
+    match remote::platforms(&s) {
+        Ok(platforms) => Ok(Loaded {
+            backend: Backend::Remote(s),
+            platforms,
+        }),
+        Err(e) => {
+            s.close();
+            Err(format!(
+                "crane-proxy at {addr}: listing platforms failed with {e}"
+            ))
+        }
+    }
+}
+
+/// Where the process's OpenCL goes: set by `CRANE_MODE=remote` at start, and by
+/// the transitions of `lifecycle`.
+pub fn target() -> Target {
+    let mut st = state();
+    st.target.get_or_insert_with(config::initial_target).clone()
+}
+
+/// Why the last `load` failed, if it said.
+pub fn take_load_error() -> Option<String> {
+    state().load_error.take()
+}
+
+pub fn set_target(t: Target) {
+    state().target = Some(t);
 }
 
 fn platform_name(v: cl_platform_id) -> String {
@@ -271,25 +386,29 @@ pub fn load() -> ClResult<()> {
     if !st.loaded.is_empty() {
         return Ok(());
     }
-    let first = st.paths.is_none();
-    let paths = st.paths.get_or_insert_with(discover).clone();
-    debug!("loading vendors {paths:?}");
+    let first = st.platforms.is_empty();
+    let target = st.target.get_or_insert_with(config::initial_target).clone();
     let mut loaded = Vec::new();
-    for p in &paths {
-        match open_vendor(p) {
+    match &target {
+        Target::Remote { addr, token } => match open_remote(addr, token) {
             Ok(l) => loaded.push(Some(l)),
             Err(e) => {
-                debug!("vendor {}: {e}", p.display());
-                if !first
-                    && st
-                        .platforms
-                        .iter()
-                        .any(|pl| pl.vendor_index == loaded.len())
-                {
-                    drop(loaded);
-                    return Err(CL_DEVICE_NOT_AVAILABLE);
+                warn!("{e}");
+                st.load_error = Some(e);
+                return Err(CL_DEVICE_NOT_AVAILABLE);
+            }
+        },
+        Target::Local => {
+            let paths = st.paths.get_or_insert_with(discover).clone();
+            debug!("loading vendors {paths:?}");
+            for p in &paths {
+                match open_vendor(p) {
+                    Ok(l) => loaded.push(Some(l)),
+                    Err(e) => {
+                        debug!("vendor {}: {e}", p.display());
+                        loaded.push(None);
+                    }
                 }
-                loaded.push(None);
             }
         }
     }
@@ -309,19 +428,28 @@ pub fn load() -> ClResult<()> {
             }
         }
     } else {
+        // Each of crane's platforms goes to the first new platform of the same
+        // name: the vendor libraries here and the proxy list the same
+        // platforms in the same order, but not necessarily in the same groups.
+        let mut avail: Vec<(String, cl_platform_id)> = loaded
+            .iter()
+            .flatten()
+            .flat_map(|l| l.platforms.iter().map(|&vp| (platform_name(vp), vp)))
+            .collect();
+        let mut chosen = Vec::new();
         for p in &st.platforms {
-            let vp = loaded[p.vendor_index]
-                .as_ref()
-                .and_then(|l| l.platforms.get(p.index))
-                .copied();
-            let Some(vp) = vp else {
+            let Some(i) = avail.iter().position(|(n, _)| *n == p.name) else {
+                warn!(
+                    "platform {:?} is not offered by {}",
+                    p.name,
+                    describe(&target)
+                );
+                close_all(loaded);
                 return Err(CL_DEVICE_NOT_AVAILABLE);
             };
-            let name = platform_name(vp);
-            if name != p.name {
-                debug!("platform {} is now {name}", p.name);
-                return Err(CL_DEVICE_NOT_AVAILABLE);
-            }
+            chosen.push(avail.remove(i).1);
+        }
+        for (p, vp) in st.platforms.iter().zip(chosen) {
             p.base.set_vendor(vp.cast());
         }
         // Re-point root devices.
@@ -329,10 +457,21 @@ pub fn load() -> ClResult<()> {
             if devs.is_empty() {
                 continue;
             }
-            let now = vendor_devices(st.platforms[pi].base.vendor().cast())?;
-            if now.len() < devs.len() {
-                return Err(CL_DEVICE_NOT_FOUND);
-            }
+            let now = match vendor_devices(st.platforms[pi].base.vendor().cast()) {
+                Ok(v) if v.len() >= devs.len() => v,
+                r => {
+                    warn!(
+                        "platform {:?} on {} lacks devices: {r:?}",
+                        st.platforms[pi].name,
+                        describe(&target)
+                    );
+                    for p in &st.platforms {
+                        p.base.take_vendor();
+                    }
+                    close_all(loaded);
+                    return Err(CL_DEVICE_NOT_FOUND);
+                }
+            };
             for (d, &v) in devs.iter().zip(&now) {
                 d.base.set_vendor(v.cast());
             }
@@ -409,18 +548,66 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
 /// vendor pointers are cleared.
 pub fn unload(policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
     let mut st = state();
-    for p in &st.platforms {
-        p.base.take_vendor();
-    }
-    for d in st.devices.iter().flatten() {
-        d.base.take_vendor();
+    let remote = st
+        .loaded
+        .iter()
+        .flatten()
+        .any(|l| matches!(l.backend, Backend::Remote(_)));
+    let taken = st
+        .platforms
+        .iter()
+        .map(|p| p.base.take_vendor())
+        .chain(st.devices.iter().flatten().map(|d| d.base.take_vendor()))
+        .collect::<Vec<_>>();
+    if remote {
+        // Remote platforms and devices are crane's own objects: free them.
+        for v in taken.into_iter().filter(|v| !v.is_null()) {
+            remote::release(v);
+        }
     }
     let loaded = std::mem::take(&mut st.loaded);
     loaded
         .into_iter()
         .flatten()
-        .map(|l| l.lib.close(policy).map_err(|e| e.to_string()))
+        .filter_map(|l| match l.backend {
+            Backend::Native(lib) => Some(lib.close(policy).map_err(|e| e.to_string())),
+            Backend::Remote(s) => {
+                s.close();
+                None
+            }
+        })
         .collect()
+}
+
+fn describe(t: &Target) -> String {
+    match t {
+        Target::Local => "the local vendor libraries".into(),
+        Target::Remote { addr, .. } => format!("crane-proxy at {addr}"),
+    }
+}
+
+/// Gives back what a failed `load` opened.
+fn close_all(loaded: Vec<Option<Loaded>>) {
+    for l in loaded.into_iter().flatten() {
+        match l.backend {
+            Backend::Native(lib) => {
+                let _ = lib.close(&DevicePolicy::default());
+            }
+            Backend::Remote(s) => s.close(),
+        }
+    }
+}
+
+/// The session with crane-proxy, while remoting.
+pub fn remote_session() -> Option<Arc<remote::Session>> {
+    state()
+        .loaded
+        .iter()
+        .flatten()
+        .find_map(|l| match &l.backend {
+            Backend::Remote(s) => Some(s.clone()),
+            Backend::Native(_) => None,
+        })
 }
 
 pub fn is_loaded() -> bool {
@@ -432,6 +619,9 @@ pub fn loaded_paths() -> Vec<PathBuf> {
         .loaded
         .iter()
         .flatten()
-        .map(|l| l.lib.path().to_path_buf())
+        .map(|l| match &l.backend {
+            Backend::Native(lib) => lib.path().to_path_buf(),
+            Backend::Remote(s) => PathBuf::from(format!("crane-proxy at {}", s.addr)),
+        })
         .collect()
 }

@@ -3,154 +3,19 @@
 //! at random moments, must print exactly what an uninterrupted native run
 //! prints. Needs gcc and an OpenCL ICD; see testapps/README.md.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crane_control::{Request, call, socket_path};
 
 mod common;
-use common::{library, repo};
-
-/// Builds the corpus once per test binary.
-fn apps() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = repo().join("target/testapps");
-        let st = Command::new("bash")
-            .arg(repo().join("testapps/build.sh"))
-            .arg(&out)
-            .status()
-            .expect("run testapps/build.sh");
-        assert!(st.success(), "building the corpus failed");
-        out
-    })
-}
-
-fn result_line(out: &[u8]) -> String {
-    String::from_utf8_lossy(out)
-        .lines()
-        .find(|l| l.starts_with("RESULT "))
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn native(app: &str, iters: &str) -> String {
-    let out = Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{app} failed natively: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r = result_line(&out.stdout);
-    assert!(!r.is_empty(), "{app} printed no RESULT line");
-    r
-}
-
-/// Tiny deterministic generator, so a failure can be replayed from its seed.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
-struct Run {
-    result: String,
-    cycles: usize,
-}
-
-/// Runs `app` under crane, suspending and resuming it at random moments until it
-/// exits. Every suspend must leave no device descriptor or mapping behind.
-fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize) -> Run {
-    let run_dir =
-        std::env::temp_dir().join(format!("crane-corpus-{}-{app}-{seed}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&run_dir);
-    let child = Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let sock = socket_path(&run_dir, pid);
-    let mut rng = Rng(seed | 1);
-    let mut cycles = 0;
-    let start = Instant::now();
-    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
-    while !waiter.is_finished() && cycles < max_cycles && start.elapsed() < Duration::from_secs(120)
-    {
-        std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
-        if !sock.exists() {
-            continue;
-        }
-        let Ok(r) = call(
-            &sock,
-            &Request::Suspend {
-                deadline_ms: 20_000,
-            },
-            Duration::from_secs(60),
-        ) else {
-            continue;
-        };
-        if !r.ok {
-            // The process may be exiting; anything else is a failure.
-            assert!(waiter.is_finished(), "{app}: suspend failed: {:?}", r.error);
-            continue;
-        }
-        let res = r.residue.expect("suspend reports residue");
-        assert!(
-            res.device_fds.is_empty() && res.device_mappings.is_empty(),
-            "{app}: device left behind: {res:?}"
-        );
-        // Vendor threads: asserted strictly in `twenty_cycles_leave_nothing`;
-        // some corpus programs still leave PoCL's workers (known, tracked).
-        if !res.vendor_threads.is_empty() {
-            eprintln!(
-                "{app}: vendor threads still running after suspend: {:?}",
-                res.vendor_threads
-            );
-        }
-        std::thread::sleep(Duration::from_millis(rng.below(20)));
-        // A process whose remaining work needs no OpenCL may finish while
-        // suspended; otherwise resume must answer and succeed.
-        let r = match call(&sock, &Request::Resume, Duration::from_secs(60)) {
-            Ok(r) => r,
-            Err(e) => {
-                std::thread::sleep(Duration::from_millis(200));
-                assert!(waiter.is_finished(), "{app}: resume not answered: {e}");
-                break;
-            }
-        };
-        assert!(r.ok, "{app}: resume failed: {:?}", r.error);
-        cycles += 1;
-    }
-    let out = waiter.join().unwrap();
-    let _ = std::fs::remove_dir_all(&run_dir);
-    assert!(
-        out.status.success(),
-        "{app} failed under crane: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Run {
-        result: result_line(&out.stdout),
-        cycles,
-    }
-}
+use common::{Mode, apps, interrupted, library, native, result_line};
 
 fn check(app: &str, iters: &str) {
     let want = native(app, iters);
+    let preload = Mode::preload();
     for seed in [0x9e3779b97f4a7c15u64, 0x2545f4914f6cdd1d] {
-        let run = interrupted(app, iters, seed, 40);
+        let run = interrupted(app, iters, seed, 40, &preload);
         assert_eq!(
             run.result, want,
             "{app} (seed {seed:#x}, {} cycles) differs from native",
@@ -184,7 +49,7 @@ corpus_test!(multictx, "2000");
 corpus_test!(events, "2000");
 corpus_test!(programs, "40");
 corpus_test!(frameloop, "600");
-corpus_test!(rustpipe, "400");
+corpus_test!(rustpipe, "1200");
 
 /// SVM allocations cannot be moved, so suspend must refuse them cleanly and the
 /// program must finish correctly.

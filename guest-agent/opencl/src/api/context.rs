@@ -112,11 +112,21 @@ pub unsafe extern "C" fn clCreateContextFromType(
         let p = entry::read_props(props);
         let platform = match props_platform(&p)? {
             Some(p) => p,
+            // "CL_INVALID_PLATFORM if properties is NULL and no platform could
+            // be selected or if platform value specified in properties is not
+            // a valid platform." Which platform a list without
+            // CL_CONTEXT_PLATFORM selects is up to the ICD loader; ocl-icd
+            // selects none and answers CL_INVALID_PLATFORM, so crane does too.
+            None if !props.is_null() => return Err(CL_INVALID_PLATFORM),
             None => vendor::platforms()?
                 .into_iter()
                 .next()
                 .ok_or(CL_INVALID_PLATFORM)?,
         };
+        // "CL_INVALID_DEVICE_TYPE if device_type is not a valid value."
+        if ty == 0 {
+            return Err(CL_INVALID_DEVICE_TYPE);
+        }
         let mut ids: [cl_device_id; 64] = [std::ptr::null_mut(); 64];
         let mut n = 0;
         // SAFETY: a crane platform handle and room for 64 devices.

@@ -3,6 +3,7 @@
 //! (kernels, copies, fills, write maps).
 
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use opencl_sys::*;
@@ -21,18 +22,25 @@ pub(super) fn wl(w: &Waits) -> *const cl_event {
     }
 }
 
-/// The common shape of an enqueue: resolve the queue and wait list, call the
-/// vendor, and wrap the event the application asked for.
+/// The command queue of an enqueue. Every enqueue resolves it before any
+/// other argument: the queue is the object the ICD loader dispatches on, so
+/// a bad queue is reported before anything else, as natively.
+#[inline(always)]
+pub(super) fn queue_of<'a>(q: cl_command_queue) -> ClResult<&'a Queue> {
+    queue_ref(q.cast())
+}
+
+/// The common shape of an enqueue on a resolved queue: translate the wait
+/// list, call the vendor, and wrap the event the application asked for.
 #[inline(always)]
 pub(super) fn run(
-    q: cl_command_queue,
+    queue: &Queue,
     n: cl_uint,
     list: *const cl_event,
     ev: *mut cl_event,
     cmd: cl_command_type,
     f: impl FnOnce(cl_command_queue, &Waits, *mut cl_event) -> ClResult<cl_int>,
 ) -> ClResult<()> {
-    let queue = queue_ref(q.cast())?;
     let vq = queue.base.vendor();
     let w = waits(n, list)?;
     let mut vev: cl_event = std::ptr::null_mut();
@@ -46,19 +54,19 @@ pub(super) fn run(
         },
     )?)?;
     if !ev.is_null() {
-        wrap_event(q, vev, cmd, ev)?;
+        wrap_event(queue, vev, cmd, ev)?;
     }
     Ok(())
 }
 
 #[cold]
 fn wrap_event(
-    q: cl_command_queue,
+    queue: &Queue,
     vev: cl_event,
     cmd: cl_command_type,
     ev: *mut cl_event,
 ) -> ClResult<()> {
-    let queue = arc_of::<Queue>(q.cast(), CL_INVALID_COMMAND_QUEUE)?;
+    let queue = arc_of::<Queue>(queue.base.handle(), CL_INVALID_COMMAND_QUEUE)?;
     let e = new_event(queue.context.clone(), Some(queue), vev.cast(), cmd);
     entry::put(ev, publish(e));
     Ok(())
@@ -86,8 +94,9 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vb) = vmem(b)?;
-        run(q, n, list, ev, CL_COMMAND_READ_BUFFER, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_READ_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding the application's arguments with vendor objects.
             Ok(unsafe {
                 vfn!(vq, clEnqueueReadBuffer)?(vq, vb, blocking, off, size, ptr, n, wl(w), ve)
@@ -100,7 +109,13 @@ pub unsafe extern "C" fn clEnqueueReadBuffer(
 fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     let root = mem.root();
     root.ever_written.store(true, Ordering::Relaxed);
-    if !crate::config::get().write_cache || root.flags & CL_MEM_USE_HOST_PTR != 0 || root.is_image()
+    let cfg = crate::config::get();
+    // Large writes are not copied (the copy would cost as much as the write
+    // itself); the buffer is read back at suspend instead.
+    if !cfg.write_cache
+        || size > cfg.write_cache_max
+        || root.flags & CL_MEM_USE_HOST_PTR != 0
+        || root.is_image()
     {
         if root.flags & CL_MEM_USE_HOST_PTR == 0 {
             root.dirty.store(true, Ordering::Relaxed);
@@ -134,8 +149,9 @@ pub unsafe extern "C" fn clEnqueueWriteBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (mem, vb) = vmem(b)?;
-        run(q, n, list, ev, CL_COMMAND_WRITE_BUFFER, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_WRITE_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe {
                 vfn!(vq, clEnqueueWriteBuffer)?(vq, vb, blocking, off, size, ptr, n, wl(w), ve)
@@ -164,28 +180,36 @@ pub unsafe extern "C" fn clEnqueueReadBufferRect(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vb) = vmem(b)?;
-        run(q, n, list, ev, CL_COMMAND_READ_BUFFER_RECT, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe {
-                vfn!(vq, clEnqueueReadBufferRect)?(
-                    vq,
-                    vb,
-                    blocking,
-                    buf_origin,
-                    host_origin,
-                    region,
-                    buf_row,
-                    buf_slice,
-                    host_row,
-                    host_slice,
-                    ptr,
-                    n,
-                    wl(w),
-                    ve,
-                )
-            })
-        })
+        run(
+            queue,
+            n,
+            list,
+            ev,
+            CL_COMMAND_READ_BUFFER_RECT,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueReadBufferRect)?(
+                        vq,
+                        vb,
+                        blocking,
+                        buf_origin,
+                        host_origin,
+                        region,
+                        buf_row,
+                        buf_slice,
+                        host_row,
+                        host_slice,
+                        ptr,
+                        n,
+                        wl(w),
+                        ve,
+                    )
+                })
+            },
+        )
     })
 }
 
@@ -207,28 +231,36 @@ pub unsafe extern "C" fn clEnqueueWriteBufferRect(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (mem, vb) = vmem(b)?;
-        run(q, n, list, ev, CL_COMMAND_WRITE_BUFFER_RECT, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe {
-                vfn!(vq, clEnqueueWriteBufferRect)?(
-                    vq,
-                    vb,
-                    blocking,
-                    buf_origin,
-                    host_origin,
-                    region,
-                    buf_row,
-                    buf_slice,
-                    host_row,
-                    host_slice,
-                    ptr,
-                    n,
-                    wl(w),
-                    ve,
-                )
-            })
-        })?;
+        run(
+            queue,
+            n,
+            list,
+            ev,
+            CL_COMMAND_WRITE_BUFFER_RECT,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueWriteBufferRect)?(
+                        vq,
+                        vb,
+                        blocking,
+                        buf_origin,
+                        host_origin,
+                        region,
+                        buf_row,
+                        buf_slice,
+                        host_row,
+                        host_slice,
+                        ptr,
+                        n,
+                        wl(w),
+                        ve,
+                    )
+                })
+            },
+        )?;
         mem.mark_dirty();
         Ok(())
     })
@@ -247,8 +279,9 @@ pub unsafe extern "C" fn clEnqueueFillBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (mem, vb) = vmem(b)?;
-        run(q, n, list, ev, CL_COMMAND_FILL_BUFFER, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_FILL_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe {
                 vfn!(vq, clEnqueueFillBuffer)?(vq, vb, pattern, psize, off, size, n, wl(w), ve)
@@ -272,9 +305,10 @@ pub unsafe extern "C" fn clEnqueueCopyBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
-        run(q, n, list, ev, CL_COMMAND_COPY_BUFFER, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_COPY_BUFFER, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueCopyBuffer)?(vq, vs, vd, so, d_o, size, n, wl(w), ve) })
         })?;
@@ -300,28 +334,36 @@ pub unsafe extern "C" fn clEnqueueCopyBufferRect(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
-        run(q, n, list, ev, CL_COMMAND_COPY_BUFFER_RECT, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe {
-                vfn!(vq, clEnqueueCopyBufferRect)?(
-                    vq,
-                    vs,
-                    vd,
-                    so,
-                    d_o,
-                    region,
-                    s_row,
-                    s_slice,
-                    d_row,
-                    d_slice,
-                    n,
-                    wl(w),
-                    ve,
-                )
-            })
-        })?;
+        run(
+            queue,
+            n,
+            list,
+            ev,
+            CL_COMMAND_COPY_BUFFER_RECT,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueCopyBufferRect)?(
+                        vq,
+                        vs,
+                        vd,
+                        so,
+                        d_o,
+                        region,
+                        s_row,
+                        s_slice,
+                        d_row,
+                        d_slice,
+                        n,
+                        wl(w),
+                        ve,
+                    )
+                })
+            },
+        )?;
         dm.mark_dirty();
         Ok(())
     })
@@ -342,8 +384,9 @@ pub unsafe extern "C" fn clEnqueueReadImage(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vi) = vmem(img)?;
-        run(q, n, list, ev, CL_COMMAND_READ_IMAGE, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_READ_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe {
                 vfn!(vq, clEnqueueReadImage)?(
@@ -379,8 +422,9 @@ pub unsafe extern "C" fn clEnqueueWriteImage(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (m, vi) = vmem(img)?;
-        run(q, n, list, ev, CL_COMMAND_WRITE_IMAGE, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_WRITE_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe {
                 vfn!(vq, clEnqueueWriteImage)?(
@@ -415,8 +459,9 @@ pub unsafe extern "C" fn clEnqueueFillImage(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (m, vi) = vmem(img)?;
-        run(q, n, list, ev, CL_COMMAND_FILL_IMAGE, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_FILL_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe {
                 vfn!(vq, clEnqueueFillImage)?(vq, vi, color, origin, region, n, wl(w), ve)
@@ -440,9 +485,10 @@ pub unsafe extern "C" fn clEnqueueCopyImage(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
-        run(q, n, list, ev, CL_COMMAND_COPY_IMAGE, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_COPY_IMAGE, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueCopyImage)?(vq, vs, vd, so, d_o, region, n, wl(w), ve) })
         })?;
@@ -464,10 +510,11 @@ pub unsafe extern "C" fn clEnqueueCopyImageToBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
         run(
-            q,
+            queue,
             n,
             list,
             ev,
@@ -497,10 +544,11 @@ pub unsafe extern "C" fn clEnqueueCopyBufferToImage(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (_, vs) = vmem(src)?;
         let (dm, vd) = vmem(dst)?;
         run(
-            q,
+            queue,
             n,
             list,
             ev,
@@ -523,6 +571,50 @@ fn map_storage(size: usize) -> Box<[u8]> {
     vec![0u8; size.max(1)].into_boxed_slice()
 }
 
+const HOST_ACCESS: cl_mem_flags =
+    CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+
+/// The host access flags in force for a memory object: a sub-buffer created
+/// without any inherits its parent's.
+fn host_access(mem: &Mem) -> cl_mem_flags {
+    match &mem.kind {
+        MemKind::SubBuffer { parent, .. } if mem.flags & HOST_ACCESS == 0 => host_access(parent),
+        _ => mem.flags & HOST_ACCESS,
+    }
+}
+
+/// The checks a map shares between buffers and images, which crane must make
+/// itself because it serves maps from its own memory (a read or a marker
+/// stands in for the vendor's map command, and neither checks all of these).
+fn check_map(mem: &Mem, flags: cl_map_flags) -> ClResult<()> {
+    // "CL_INVALID_OPERATION if buffer has been created with
+    // CL_MEM_HOST_WRITE_ONLY or CL_MEM_HOST_NO_ACCESS and CL_MAP_READ is set
+    // in map_flags".
+    let host = host_access(mem);
+    if flags & CL_MAP_READ != 0 && host & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) != 0 {
+        return Err(CL_INVALID_OPERATION);
+    }
+    // "CL_INVALID_OPERATION if buffer has been created with
+    // CL_MEM_HOST_READ_ONLY or CL_MEM_HOST_NO_ACCESS and CL_MAP_WRITE or
+    // CL_MAP_WRITE_INVALIDATE_REGION is set in map_flags".
+    if flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0
+        && host & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS) != 0
+    {
+        return Err(CL_INVALID_OPERATION);
+    }
+    Ok(())
+}
+
+/// "CL_INVALID_CONTEXT if the context associated with command_queue and
+/// buffer are not the same".
+fn same_context(queue: &Queue, mem: &Mem) -> ClResult<()> {
+    if Arc::ptr_eq(&queue.context, &mem.context) {
+        Ok(())
+    } else {
+        Err(CL_INVALID_CONTEXT)
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clEnqueueMapBuffer(
     q: cl_command_queue,
@@ -537,13 +629,27 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
     errcode_ret: *mut cl_int,
 ) -> *mut c_void {
     entry::pointer(errcode_ret, || {
+        let queue = queue_of(q)?;
         let (mem, vb) = vmem(b)?;
-        if mem.is_image() {
-            return Err(CL_INVALID_MEM_OBJECT);
-        }
-        if off.checked_add(size).is_none_or(|e| e > mem.size) || size == 0 {
+        // "CL_INVALID_VALUE if region being mapped given by (offset, size) is
+        // out of bounds or if size is 0".
+        if size == 0 {
             return Err(CL_INVALID_VALUE);
         }
+        // "CL_INVALID_MEM_OBJECT if buffer is not a valid buffer object."
+        if !matches!(mem.kind, MemKind::Buffer | MemKind::SubBuffer { .. }) {
+            return Err(CL_INVALID_MEM_OBJECT);
+        }
+        same_context(queue, mem)?;
+        // "CL_INVALID_EVENT_WAIT_LIST if event_wait_list is NULL and
+        // num_events_in_wait_list > 0, or event_wait_list is not NULL and
+        // num_events_in_wait_list is 0, or if event objects in event_wait_list
+        // are not valid events."
+        waits(n, list)?;
+        if off.checked_add(size).is_none_or(|e| e > mem.size) {
+            return Err(CL_INVALID_VALUE);
+        }
+        check_map(mem, flags)?;
         let (ptr, storage) = if mem.flags & CL_MEM_USE_HOST_PTR != 0 {
             ((mem.host_ptr + off) as *mut u8, None)
         } else {
@@ -553,7 +659,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         let write = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
         if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
             // Nothing to read: a marker carries the wait list and the event.
-            run(q, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
+            run(queue, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
                 // SAFETY: forwarding.
                 Ok(unsafe { vfn!(vq, clEnqueueMarkerWithWaitList)?(vq, n, wl(w), ve) })
             })?;
@@ -562,7 +668,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 unsafe { super::event::clWaitForEvents(1, ev) };
             }
         } else {
-            run(q, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
+            run(queue, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
                 // SAFETY: reading into memory of `size` bytes crane owns (or the
                 // application's host pointer region).
                 Ok(unsafe {
@@ -595,6 +701,38 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
     })
 }
 
+/// Origin and region of an image map, checked against the image before crane
+/// allocates memory for it.
+fn image_map_region(
+    desc: &cl_image_desc,
+    origin: *const usize,
+    region: *const usize,
+) -> ClResult<([usize; 3], [usize; 3])> {
+    // "CL_INVALID_VALUE if origin or region is NULL."
+    if origin.is_null() || region.is_null() {
+        return Err(CL_INVALID_VALUE);
+    }
+    // SAFETY: three values each, as OpenCL requires; checked non-null.
+    let (o, r) = unsafe {
+        (
+            origin.cast::<[usize; 3]>().read_unaligned(),
+            region.cast::<[usize; 3]>().read_unaligned(),
+        )
+    };
+    // "CL_INVALID_VALUE if the region being mapped given by (origin,
+    // origin+region) is out of bounds or if values specified in map_flags are
+    // not valid." and "CL_INVALID_VALUE if values in origin and region do not
+    // follow rules described in the argument description for origin and
+    // region": every region value is at least 1.
+    let whole = super::memory::image_region(desc);
+    for i in 0..3 {
+        if r[i] == 0 || o[i].checked_add(r[i]).is_none_or(|e| e > whole[i]) {
+            return Err(CL_INVALID_VALUE);
+        }
+    }
+    Ok((o, r))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clEnqueueMapImage(
     q: cl_command_queue,
@@ -611,29 +749,40 @@ pub unsafe extern "C" fn clEnqueueMapImage(
     errcode_ret: *mut cl_int,
 ) -> *mut c_void {
     entry::pointer(errcode_ret, || {
+        let queue = queue_of(q)?;
         let (mem, vi) = vmem(img)?;
-        let MemKind::Image { format, .. } = &mem.kind else {
+        same_context(queue, mem)?;
+        // "CL_INVALID_MEM_OBJECT if image is not a valid image object."
+        let MemKind::Image { format, desc, .. } = &mem.kind else {
             return Err(CL_INVALID_MEM_OBJECT);
         };
-        if origin.is_null() || region.is_null() || row_pitch.is_null() {
+        waits(n, list)?;
+        // "CL_INVALID_VALUE if image_row_pitch is NULL."
+        if row_pitch.is_null() {
             return Err(CL_INVALID_VALUE);
         }
-        // SAFETY: three values each, as OpenCL requires.
-        let (o, r) = unsafe {
-            (
-                *(origin as *const [usize; 3]),
-                *(region as *const [usize; 3]),
+        let (o, r) = image_map_region(desc, origin, region)?;
+        // "CL_INVALID_VALUE if image is a 3D image, 1D or 2D image array object
+        // and image_slice_pitch is NULL."
+        if slice_pitch.is_null()
+            && matches!(
+                desc.image_type,
+                CL_MEM_OBJECT_IMAGE3D | CL_MEM_OBJECT_IMAGE1D_ARRAY | CL_MEM_OBJECT_IMAGE2D_ARRAY
             )
-        };
+        {
+            return Err(CL_INVALID_VALUE);
+        }
+        check_map(mem, flags)?;
         let px = super::memory::pixel_size(format);
-        let row = r[0] * px;
-        let slice = row * r[1];
-        let mut s = map_storage(slice * r[2]);
+        let row = r[0].checked_mul(px).ok_or(CL_INVALID_VALUE)?;
+        let slice = row.checked_mul(r[1]).ok_or(CL_INVALID_VALUE)?;
+        let total = slice.checked_mul(r[2]).ok_or(CL_INVALID_VALUE)?;
+        let mut s = map_storage(total);
         let ptr = s.as_mut_ptr();
         entry::put(row_pitch, row);
         entry::put(slice_pitch, slice);
         let write = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
-        run(q, n, list, ev, CL_COMMAND_MAP_IMAGE, |vq, w, ve| {
+        run(queue, n, list, ev, CL_COMMAND_MAP_IMAGE, |vq, w, ve| {
             // SAFETY: reading the region into crane-owned memory of that size.
             Ok(unsafe {
                 vfn!(vq, clEnqueueReadImage)?(
@@ -657,7 +806,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
             .push(MapRecord {
                 ptr: ptr as usize,
                 offset: 0,
-                size: slice * r[2],
+                size: total,
                 write,
                 image: Some((o, r, row, slice)),
                 storage: Some(s),
@@ -676,7 +825,16 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let (mem, vm) = vmem(m)?;
+        // "CL_INVALID_CONTEXT if context associated with command_queue and
+        // memobj are not the same".
+        same_context(queue, mem)?;
+        let w = waits(n, list)?;
+        // "CL_INVALID_VALUE if mapped_ptr is not a valid pointer returned by
+        // clEnqueueMapBuffer or clEnqueueMapImage for memobj." The record is
+        // only taken once the unmap is sure to be enqueued: a failed unmap
+        // leaves the region mapped, as natively.
         let rec = {
             let mut maps = mem.maps.lock().unwrap_or_else(|e| e.into_inner());
             let i = maps
@@ -685,18 +843,27 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                 .ok_or(CL_INVALID_VALUE)?;
             maps.remove(i)
         };
+        let put_back = |rec| mem.maps.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
         if !rec.write {
-            return run(q, n, list, ev, CL_COMMAND_UNMAP_MEM_OBJECT, |vq, w, ve| {
-                // SAFETY: forwarding the wait list to a marker.
-                Ok(unsafe { vfn!(vq, clEnqueueMarkerWithWaitList)?(vq, n, wl(w), ve) })
-            });
+            let r = run(
+                queue,
+                n,
+                list,
+                ev,
+                CL_COMMAND_UNMAP_MEM_OBJECT,
+                |vq, w, ve| {
+                    // SAFETY: forwarding the wait list to a marker.
+                    Ok(unsafe { vfn!(vq, clEnqueueMarkerWithWaitList)?(vq, n, wl(w), ve) })
+                },
+            );
+            if r.is_err() {
+                put_back(rec);
+            }
+            return r;
         }
         // The write-back reads crane's storage, which must outlive the command:
-        // the command is made blocking unless the wait list could block forever,
-        // in which case the storage is parked until its event completes.
-        let queue = queue_ref(q.cast())?;
+        // the storage is parked until its event completes.
         let vq: cl_command_queue = queue.base.vendor().cast();
-        let w = waits(n, list)?;
         let mut vev: cl_event = std::ptr::null_mut();
         let rc = match rec.image {
             // SAFETY: writing back from the mapped memory.
@@ -731,7 +898,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
             },
         };
         if rc != CL_SUCCESS {
-            mem.maps.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+            put_back(rec);
             return Err(rc);
         }
         mem.mark_dirty();
@@ -745,7 +912,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                     .clRetainEvent
                     .map(|f| f(vev))
             };
-            wrap_event(q, vev, CL_COMMAND_UNMAP_MEM_OBJECT, ev)?;
+            wrap_event(queue, vev, CL_COMMAND_UNMAP_MEM_OBJECT, ev)?;
         }
         Ok(())
     })
@@ -762,13 +929,14 @@ pub unsafe extern "C" fn clEnqueueMigrateMemObjects(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let hs = entry::slice(mems, n_mems as usize, CL_INVALID_VALUE)?;
         let mut vms: Vec<cl_mem> = Vec::with_capacity(hs.len());
         for &h in hs {
             vms.push(vmem(h)?.1);
         }
         run(
-            q,
+            queue,
             n,
             list,
             ev,
@@ -822,14 +990,32 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let kernel = kernel_ref(k.cast())?;
         let vk: cl_kernel = kernel.base.vendor().cast();
-        run(q, n, list, ev, CL_COMMAND_NDRANGE_KERNEL, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe {
-                vfn!(vq, clEnqueueNDRangeKernel)?(vq, vk, dim, offset, global, local, n, wl(w), ve)
-            })
-        })?;
+        run(
+            queue,
+            n,
+            list,
+            ev,
+            CL_COMMAND_NDRANGE_KERNEL,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueNDRangeKernel)?(
+                        vq,
+                        vk,
+                        dim,
+                        offset,
+                        global,
+                        local,
+                        n,
+                        wl(w),
+                        ve,
+                    )
+                })
+            },
+        )?;
         note_launch(kernel);
         Ok(())
     })
@@ -850,21 +1036,49 @@ pub unsafe extern "C" fn clEnqueueTask(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clEnqueueNativeKernel(
-    _q: cl_command_queue,
-    _f: Option<unsafe extern "C" fn(*mut c_void)>,
-    _args: *mut c_void,
-    _cb: usize,
-    _n_mems: cl_uint,
-    _mems: *const cl_mem,
-    _locs: *mut *const c_void,
+    q: cl_command_queue,
+    f: Option<unsafe extern "C" fn(*mut c_void)>,
+    args: *mut c_void,
+    cb_args: usize,
+    n_mems: cl_uint,
+    mems: *const cl_mem,
+    locs: *mut *const c_void,
     _n: cl_uint,
     _list: *const cl_event,
     _ev: *mut cl_event,
 ) -> cl_int {
     // Native kernels run host code on the device's behalf with rewritten memory
     // pointers; crane does not wrap them and answers as a device without
-    // CL_EXEC_NATIVE_KERNEL does.
-    entry::status(false, || Err(CL_INVALID_OPERATION))
+    // CL_EXEC_NATIVE_KERNEL does, after the argument checks that come first.
+    entry::status(false, || {
+        queue_of(q)?;
+        // "CL_INVALID_VALUE if user_func is NULL."
+        if f.is_none() {
+            return Err(CL_INVALID_VALUE);
+        }
+        // "CL_INVALID_VALUE if args is a NULL value and cb_args > 0, or if args
+        // is a NULL value and num_mem_objects > 0."
+        if args.is_null() && (cb_args > 0 || n_mems > 0) {
+            return Err(CL_INVALID_VALUE);
+        }
+        // "CL_INVALID_VALUE if args is not NULL and cb_args is 0."
+        if !args.is_null() && cb_args == 0 {
+            return Err(CL_INVALID_VALUE);
+        }
+        // "CL_INVALID_VALUE if num_mem_objects > 0 and mem_list or
+        // args_mem_loc are NULL."
+        if n_mems > 0 && (mems.is_null() || locs.is_null()) {
+            return Err(CL_INVALID_VALUE);
+        }
+        // "CL_INVALID_VALUE if num_mem_objects = 0 and mem_list or
+        // args_mem_loc are not NULL."
+        if n_mems == 0 && (!mems.is_null() || !locs.is_null()) {
+            return Err(CL_INVALID_VALUE);
+        }
+        // "CL_INVALID_OPERATION if the device associated with command_queue
+        // cannot execute the native kernel."
+        Err(CL_INVALID_OPERATION)
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -875,7 +1089,8 @@ pub unsafe extern "C" fn clEnqueueMarkerWithWaitList(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_MARKER, |vq, w, ve| {
+        let queue = queue_of(q)?;
+        run(queue, n, list, ev, CL_COMMAND_MARKER, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueMarkerWithWaitList)?(vq, n, wl(w), ve) })
         })
@@ -890,7 +1105,8 @@ pub unsafe extern "C" fn clEnqueueBarrierWithWaitList(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_BARRIER, |vq, w, ve| {
+        let queue = queue_of(q)?;
+        run(queue, n, list, ev, CL_COMMAND_BARRIER, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueBarrierWithWaitList)?(vq, n, wl(w), ve) })
         })
@@ -899,8 +1115,26 @@ pub unsafe extern "C" fn clEnqueueBarrierWithWaitList(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clEnqueueMarker(q: cl_command_queue, ev: *mut cl_event) -> cl_int {
-    // SAFETY: the OpenCL 1.1 marker is a marker with an empty wait list.
-    unsafe { clEnqueueMarkerWithWaitList(q, 0, std::ptr::null(), ev) }
+    // The OpenCL 1.1 marker is a marker with an empty wait list whose event is
+    // required.
+    entry::status(false, || {
+        let queue = queue_of(q)?;
+        // "CL_INVALID_VALUE if event is a NULL value."
+        if ev.is_null() {
+            return Err(CL_INVALID_VALUE);
+        }
+        run(
+            queue,
+            0,
+            std::ptr::null(),
+            ev,
+            CL_COMMAND_MARKER,
+            |vq, _, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe { vfn!(vq, clEnqueueMarkerWithWaitList)?(vq, 0, std::ptr::null(), ve) })
+            },
+        )
+    })
 }
 
 #[unsafe(no_mangle)]
@@ -916,11 +1150,16 @@ pub unsafe extern "C" fn clEnqueueWaitForEvents(
     list: *const cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
+        // "CL_INVALID_VALUE if num_events is 0 or event_list is NULL."
         if n == 0 || list.is_null() {
             return Err(CL_INVALID_VALUE);
         }
+        // "CL_INVALID_EVENT if event objects specified in event_list are not
+        // valid events."
+        waits(n, list).map_err(|_| CL_INVALID_EVENT)?;
         run(
-            q,
+            queue,
             n,
             list,
             std::ptr::null_mut(),

@@ -311,8 +311,23 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
     let f = vfn!(vk, clSetKernelArg)?;
     let record;
     let rc = if value.is_null() {
-        record = ArgValue::Local(size);
-        // SAFETY: forwarding a local-memory size (or the vendor's error for it).
+        // A null value is a local-memory size, or for a memory object argument
+        // a null buffer (recorded as such so that a resume sets it the same).
+        let object = matches!(
+            kind,
+            ArgKind::MemWritable
+                | ArgKind::MemReadOnly
+                | ArgKind::Image { .. }
+                | ArgKind::Sampler
+                | ArgKind::Queue
+        );
+        record = if object && size == PTR {
+            ArgValue::NullHandle(size)
+        } else {
+            ArgValue::Local(size)
+        };
+        // SAFETY: forwarding a local-memory size or null object (or the
+        // vendor's error for it).
         unsafe { f(vk.cast(), index, size, value) }
     } else if size == PTR && !matches!(kind, ArgKind::Value | ArgKind::Local) {
         // SAFETY: the application passes `size` readable bytes at `value`.
@@ -393,10 +408,16 @@ pub unsafe extern "C" fn clSetKernelExecInfo(
 ) -> cl_int {
     entry::status(false, || {
         let kernel = kernel_ref(k.cast())?;
-        let bytes = entry::slice(value.cast::<u8>(), size, CL_INVALID_VALUE)?;
         let vk = kernel.base.vendor();
+        // The vendor judges the value (some take a null one); crane records
+        // only what it accepted.
         // SAFETY: forwarding.
         check(unsafe { vfn!(vk, clSetKernelExecInfo)?(vk.cast(), param, size, value) })?;
+        if value.is_null() {
+            // Nothing to replay: the vendor took the call without data.
+            return Ok(());
+        }
+        let bytes = entry::slice(value.cast::<u8>(), size, CL_INVALID_VALUE)?;
         kernel
             .exec_info
             .lock()
@@ -451,7 +472,19 @@ pub unsafe extern "C" fn clGetKernelArgInfo(
     size_ret: *mut usize,
 ) -> cl_int {
     entry::status(false, || {
-        let v = vendor_of::<Kernel>(k.cast(), CL_INVALID_KERNEL)?;
+        let kernel = kernel_ref(k.cast())?;
+        // "CL_INVALID_ARG_INDEX if arg_indx is not a valid argument index."
+        if index as usize >= kernel.arg_kinds.len() {
+            return Err(CL_INVALID_ARG_INDEX);
+        }
+        // "CL_KERNEL_ARG_INFO_NOT_AVAILABLE if the argument information is not
+        // available for kernel." crane builds every program with
+        // -cl-kernel-arg-info for itself; what the application sees is what
+        // its own options give.
+        if kernel.program.arg_info_hidden() {
+            return Err(CL_KERNEL_ARG_INFO_NOT_AVAILABLE);
+        }
+        let v = kernel.base.vendor();
         // SAFETY: forwarding.
         check(unsafe {
             vfn!(v, clGetKernelArgInfo)?(v.cast(), index, param, size, value, size_ret)
@@ -504,6 +537,42 @@ pub unsafe extern "C" fn clGetKernelSubGroupInfo(
         // SAFETY: forwarding with the vendor device.
         check(unsafe {
             vfn!(v, clGetKernelSubGroupInfo)?(
+                v.cast(),
+                vd.cast(),
+                param,
+                in_size,
+                input,
+                size,
+                value,
+                size_ret,
+            )
+        })
+    })
+}
+
+/// cl_khr_subgroups' query (OpenCL 2.0 vendors have only this one); the same
+/// as clGetKernelSubGroupInfo, forwarded to whichever of the two the vendor
+/// has.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clGetKernelSubGroupInfoKHR(
+    k: cl_kernel,
+    d: cl_device_id,
+    param: cl_kernel_sub_group_info,
+    in_size: usize,
+    input: *const c_void,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
+    entry::status(false, || {
+        let v = vendor_of::<Kernel>(k.cast(), CL_INVALID_KERNEL)?;
+        let vd = optional_device(d)?;
+        let f =
+            vfn!(v, clGetKernelSubGroupInfoKHR).or_else(|_| vfn!(v, clGetKernelSubGroupInfo))?;
+        // SAFETY: forwarding with the vendor device; both functions take the
+        // same arguments.
+        check(unsafe {
+            f(
                 v.cast(),
                 vd.cast(),
                 param,

@@ -20,8 +20,17 @@ pub fn vendor_create(m: &Mem, init: Option<*const c_void>) -> ClResult<*mut c_vo
     let vc = m.context.base.vendor();
     let mut flags = m.flags & !CL_MEM_COPY_HOST_PTR;
     let mut host = std::ptr::null_mut::<c_void>();
+    let emulate = crate::config::get().emulate_host_memory;
+    if emulate {
+        // The vendor gets plain device memory; crane keeps the application's
+        // host pointer up to date through maps (and at suspend) itself.
+        flags &= !(CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR);
+    }
     if m.flags & CL_MEM_USE_HOST_PTR != 0 {
         host = m.host_ptr as *mut c_void;
+        if emulate {
+            flags |= CL_MEM_COPY_HOST_PTR;
+        }
     } else if let Some(p) = init {
         flags |= CL_MEM_COPY_HOST_PTR;
         host = p.cast_mut();
@@ -598,12 +607,13 @@ pub unsafe extern "C" fn clGetImageInfo(
                     .map_or(std::ptr::null_mut(), |b| b.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
             }
-            (MemKind::Image { .. }, _) => {
+            // Other objects too go to the vendor, which decides what an image
+            // query on a buffer answers.
+            _ => {
                 let v = mem.base.vendor();
                 // SAFETY: forwarding.
                 check(unsafe { vfn!(v, clGetImageInfo)?(v.cast(), param, size, value, size_ret) })
             }
-            _ => Err(CL_INVALID_MEM_OBJECT),
         }
     })
 }

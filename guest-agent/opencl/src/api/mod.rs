@@ -7,6 +7,7 @@
 pub mod context;
 pub mod enqueue;
 pub mod event;
+pub mod interop;
 pub mod kernel;
 pub mod memory;
 pub mod platform;
@@ -90,6 +91,11 @@ pub fn devices_of(
     n: cl_uint,
     list: *const cl_device_id,
 ) -> ClResult<(Vec<cl_device_id>, Vec<std::sync::Arc<Device>>)> {
+    // "CL_INVALID_VALUE if device_list is NULL and num_devices is greater than
+    // zero, or if device_list is not NULL and num_devices is zero."
+    if (n == 0) != list.is_null() {
+        return Err(CL_INVALID_VALUE);
+    }
     let hs = crate::entry::slice(list, n as usize, CL_INVALID_VALUE)?;
     let mut v = Vec::with_capacity(hs.len());
     let mut a = Vec::with_capacity(hs.len());

@@ -48,8 +48,9 @@ pub unsafe extern "C" fn clIcdGetPlatformIDsKHR(
     entry::status(false, || get_platform_ids(n, out, n_ret))
 }
 
-/// Resolves a platform argument; null means "the first platform", as vendors
-/// allow.
+/// Resolves a platform argument; null means "the first platform", as the ICD
+/// loader does (ocl-icd replaces a null platform by its default one before
+/// dispatching).
 fn platform_or_default(p: cl_platform_id) -> ClResult<Arc<Platform>> {
     if p.is_null() {
         return vendor::platforms()?
@@ -134,6 +135,24 @@ pub unsafe extern "C" fn clGetDeviceInfo(
                     .as_ref()
                     .map_or(std::ptr::null_mut(), |p| p.base.handle());
                 write_info(bytes_of(&h), size, value, size_ret)
+            }
+            CL_DEVICE_EXECUTION_CAPABILITIES => {
+                // crane refuses clEnqueueNativeKernel, so it does not report
+                // the capability either.
+                let v = dev.base.vendor();
+                let mut caps: cl_device_exec_capabilities = 0;
+                // SAFETY: a cl_device_exec_capabilities-sized answer into `caps`.
+                check(unsafe {
+                    vfn!(v, clGetDeviceInfo)?(
+                        v.cast(),
+                        param,
+                        std::mem::size_of_val(&caps),
+                        (&raw mut caps).cast(),
+                        std::ptr::null_mut(),
+                    )
+                })?;
+                caps &= !CL_EXEC_NATIVE_KERNEL;
+                write_info(bytes_of(&caps), size, value, size_ret)
             }
             CL_DEVICE_REFERENCE_COUNT => {
                 let n: cl_uint = if dev.parent.is_some() {
@@ -247,6 +266,38 @@ pub unsafe extern "C" fn clReleaseDevice(d: cl_device_id) -> cl_int {
     })
 }
 
+/// cl_ext_device_fission's retain: the same as clRetainDevice.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clRetainDeviceEXT(d: cl_device_id) -> cl_int {
+    // SAFETY: same contract as clRetainDevice.
+    unsafe { clRetainDevice(d) }
+}
+
+/// cl_ext_device_fission's release: the same as clReleaseDevice.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clReleaseDeviceEXT(d: cl_device_id) -> cl_int {
+    // SAFETY: same contract as clReleaseDevice.
+    unsafe { clReleaseDevice(d) }
+}
+
+/// cl_ext_device_fission's partitioning, superseded by clCreateSubDevices
+/// (OpenCL 1.2). Its partition tokens differ from the core ones, and crane
+/// recreates sub-devices on resume from core partition properties only, so it
+/// refuses it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn clCreateSubDevicesEXT(
+    d: cl_device_id,
+    _props: *const cl_device_partition_property_ext,
+    _n: cl_uint,
+    _out: *mut cl_device_id,
+    _n_ret: *mut cl_uint,
+) -> cl_int {
+    entry::status(false, || {
+        device_ref(d.cast())?;
+        Err(CL_INVALID_OPERATION)
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clGetDeviceAndHostTimer(
     d: cl_device_id,
@@ -277,7 +328,7 @@ pub unsafe extern "C" fn clUnloadCompiler() -> cl_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clUnloadPlatformCompiler(p: cl_platform_id) -> cl_int {
     entry::status(false, || {
-        let v = vendor_of::<Platform>(p.cast(), CL_INVALID_PLATFORM)?;
+        let v = platform_or_default(p)?.base.vendor();
         // SAFETY: forwarding.
         check(unsafe { vfn!(v, clUnloadPlatformCompiler)?(v.cast()) })
     })

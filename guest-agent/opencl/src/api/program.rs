@@ -1,6 +1,7 @@
 //! Programs: creation, build, compile, link, introspection.
 
 use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
@@ -37,7 +38,18 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
         context,
         source,
         steps: Mutex::new(Vec::new()),
+        arg_info_hidden: AtomicBool::new(false),
     }
+}
+
+/// Whether the application's options leave kernel argument information out.
+/// "Kernel argument information is only available if the program object
+/// associated with kernel is created with clCreateProgramWithSource and the
+/// program executable was built with the -cl-kernel-arg-info option": options
+/// given without it hide the information, as natively; no options at all leave
+/// it to the vendor, which (PoCL) then reports it.
+fn hides_arg_info(options: *const c_char) -> bool {
+    !options.is_null() && !options_of(options).to_string_lossy().contains(ARG_INFO)
 }
 
 /// Creates the vendor program from what crane recorded (resume). Binaries saved
@@ -413,6 +425,8 @@ pub unsafe extern "C" fn clBuildProgram(
             undo_notify(cb, ud);
         }
         if records_step(rc) {
+            prog.arg_info_hidden
+                .store(hides_arg_info(options), Ordering::Relaxed);
             prog.steps
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -486,6 +500,8 @@ pub unsafe extern "C" fn clCompileProgram(
             undo_notify(cb, ud);
         }
         if records_step(rc) {
+            prog.arg_info_hidden
+                .store(hides_arg_info(options), Ordering::Relaxed);
             prog.steps
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -538,6 +554,8 @@ pub unsafe extern "C" fn clLinkProgram(
                 inputs: recorded,
             },
         ));
+        prog.arg_info_hidden
+            .store(hides_arg_info(options), Ordering::Relaxed);
         let h: cl_program = publish(prog.clone());
         let (cb, ud) = build_notify(f, user_data, h as usize);
         let vc = context.base.vendor();
@@ -585,6 +603,16 @@ pub unsafe extern "C" fn clSetProgramSpecializationConstant(
 ) -> cl_int {
     entry::status(false, || {
         let prog = program_ref(p.cast())?;
+        // "CL_INVALID_PROGRAM if program is not a valid program object created
+        // from an intermediate language (e.g. SPIR-V)." Checked here: a vendor
+        // may not expect the call on other programs (PoCL asserts).
+        if !matches!(prog.source, ProgramSource::Il(_)) {
+            return Err(CL_INVALID_PROGRAM);
+        }
+        // "CL_INVALID_VALUE if spec_value is NULL".
+        if value.is_null() {
+            return Err(CL_INVALID_VALUE);
+        }
         let bytes = entry::slice(value.cast::<u8>(), size, CL_INVALID_VALUE)?;
         let v = prog.base.vendor();
         // SAFETY: forwarding.

@@ -183,7 +183,14 @@ pub unsafe extern "C" fn clSetDefaultDeviceCommandQueue(
     entry::status(false, || {
         let vc = vendor_of::<Context>(c.cast(), CL_INVALID_CONTEXT)?;
         let vd = vendor_of::<Device>(d.cast(), CL_INVALID_DEVICE)?;
-        let vq = vendor_of::<Queue>(q.cast(), CL_INVALID_COMMAND_QUEUE)?;
+        // A null queue goes to the vendor as null: whether it first answers
+        // for the queue or for the device's lack of a replaceable default
+        // device queue (CL_INVALID_OPERATION) is the vendor's order.
+        let vq = if q.is_null() {
+            std::ptr::null_mut()
+        } else {
+            vendor_of::<Queue>(q.cast(), CL_INVALID_COMMAND_QUEUE)?
+        };
         // SAFETY: forwarding vendor objects.
         check(unsafe { vfn!(vc, clSetDefaultDeviceCommandQueue)?(vc.cast(), vd.cast(), vq.cast()) })
     })

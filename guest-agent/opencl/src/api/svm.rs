@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use opencl_sys::*;
 
-use super::enqueue::{run, wl};
+use super::enqueue::{queue_of, run, wl};
 use super::*;
 use crate::entry;
 use crate::vendor::vfn;
@@ -85,14 +85,16 @@ unsafe extern "C" fn svm_free_trampoline(
     // SAFETY: the Box made in clEnqueueSVMFree; the vendor calls back once.
     let b = unsafe { Box::from_raw(ud.cast::<SvmFreeNotify>()) };
     let _pass = crate::gate::enter_callback();
-    // SAFETY: the application's callback with crane's queue and its own data.
-    let _ = std::panic::catch_unwind(|| unsafe {
-        (b.func)(
-            b.queue as cl_command_queue,
-            n,
-            ptrs,
-            b.user_data as *mut c_void,
-        )
+    entry::callback("svm_free_trampoline", || {
+        // SAFETY: the application's callback with crane's queue and its own data.
+        unsafe {
+            (b.func)(
+                b.queue as cl_command_queue,
+                n,
+                ptrs,
+                b.user_data as *mut c_void,
+            )
+        }
     });
 }
 
@@ -108,6 +110,7 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
+        let queue = queue_of(q)?;
         let ps = entry::slice(ptrs.cast_const(), n_ptrs as usize, CL_INVALID_VALUE)?.to_vec();
         // The application's callback must see crane's queue, not the vendor's.
         let (cb, cud): (SvmFreeCb, *mut c_void) = match f {
@@ -122,7 +125,7 @@ pub unsafe extern "C" fn clEnqueueSVMFree(
             ),
             None => (None, ud),
         };
-        let r = run(q, n, list, ev, CL_COMMAND_SVM_FREE, |vq, w, ve| {
+        let r = run(queue, n, list, ev, CL_COMMAND_SVM_FREE, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueSVMFree)?(vq, n_ptrs, ptrs, cb, cud, n, wl(w), ve) })
         });
@@ -150,7 +153,8 @@ pub unsafe extern "C" fn clEnqueueSVMMemcpy(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_SVM_MEMCPY, |vq, w, ve| {
+        let queue = queue_of(q)?;
+        run(queue, n, list, ev, CL_COMMAND_SVM_MEMCPY, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(
                 unsafe {
@@ -173,7 +177,13 @@ pub unsafe extern "C" fn clEnqueueSVMMemFill(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_SVM_MEMFILL, |vq, w, ve| {
+        let queue = queue_of(q)?;
+        // "CL_INVALID_VALUE if pattern is NULL". Checked here: PoCL reads the
+        // pattern before checking it.
+        if pattern.is_null() {
+            return Err(CL_INVALID_VALUE);
+        }
+        run(queue, n, list, ev, CL_COMMAND_SVM_MEMFILL, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(
                 unsafe {
@@ -196,7 +206,8 @@ pub unsafe extern "C" fn clEnqueueSVMMap(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_SVM_MAP, |vq, w, ve| {
+        let queue = queue_of(q)?;
+        run(queue, n, list, ev, CL_COMMAND_SVM_MAP, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueSVMMap)?(vq, blocking, flags, p, size, n, wl(w), ve) })
         })
@@ -212,7 +223,8 @@ pub unsafe extern "C" fn clEnqueueSVMUnmap(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_SVM_UNMAP, |vq, w, ve| {
+        let queue = queue_of(q)?;
+        run(queue, n, list, ev, CL_COMMAND_SVM_UNMAP, |vq, w, ve| {
             // SAFETY: forwarding.
             Ok(unsafe { vfn!(vq, clEnqueueSVMUnmap)?(vq, p, n, wl(w), ve) })
         })
@@ -231,11 +243,19 @@ pub unsafe extern "C" fn clEnqueueSVMMigrateMem(
     ev: *mut cl_event,
 ) -> cl_int {
     entry::status(false, || {
-        run(q, n, list, ev, CL_COMMAND_SVM_MIGRATE_MEM, |vq, w, ve| {
-            // SAFETY: forwarding.
-            Ok(unsafe {
-                vfn!(vq, clEnqueueSVMMigrateMem)?(vq, n_ptrs, ptrs, sizes, flags, n, wl(w), ve)
-            })
-        })
+        let queue = queue_of(q)?;
+        run(
+            queue,
+            n,
+            list,
+            ev,
+            CL_COMMAND_SVM_MIGRATE_MEM,
+            |vq, w, ve| {
+                // SAFETY: forwarding.
+                Ok(unsafe {
+                    vfn!(vq, clEnqueueSVMMigrateMem)?(vq, n_ptrs, ptrs, sizes, flags, n, wl(w), ve)
+                })
+            },
+        )
     })
 }

@@ -1,0 +1,1189 @@
+//! The migration choreography, the one place that knows its order. Both
+//! triggers use it: the xl wrapper (through craned's control socket) and
+//! [`Migration::migrate`] for callers that run the transfer themselves.
+//!
+//! Source host: [`Migration::pre_migrate`] asks the guest agent to move its
+//! processes off the GPU (remote: to crane-proxy, with the proxy's address and
+//! the guest's token; stop-and-copy: parked in RAM), waits for
+//! `ready-for-detach`, detaches the GPU and leaves it assignable in the pool.
+//! Then the caller runs `xl migrate` (or `xl save`) and reports:
+//! [`Migration::migrated`] when the domain left, [`Migration::roll_back`]
+//! when it is still here (GPU attached again, prepare-resume).
+//!
+//! Destination host: [`Migration::receive`] attaches a free GPU of the pool
+//! and posts prepare-resume; with none free it waits (policy `wait`: the
+//! supervision loop retries) or refuses.
+//!
+//! Every step is written to the journal (crate::journal) before it is taken
+//! and is idempotent (a device already attached is not attached again, a
+//! request already answered is answered again by the agent), so
+//! [`Migration::recover`] can take up any entry after a restart: source
+//! entries are rolled back unless the domain left (done) or the wrapper that
+//! runs xl is still alive (its report decides); destination entries are
+//! carried forward.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crane_libxl::{LibxlError, PciAddr, Xl};
+use crane_xs::dom0::{Dom0Error, GuestChannel};
+use crane_xs::message::{GuestState, MigrateMode, Op, Outcome, Response};
+use crane_xs::{XenStore, XsError};
+use craned_control::Mode;
+
+use crate::config::{Config, NoFreeGpu};
+use crate::journal::{self, Entry, JournalError, Phase};
+use crate::ratelimit::limited;
+use crate::tokens;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("{0} is not a guest crane manages (craned.toml, guests)")]
+    NotManaged(String),
+    #[error("no domain {0} runs on this host")]
+    NoDomain(String),
+    #[error("a migration of {guest} is already under way here (phase {phase})")]
+    Busy { guest: String, phase: &'static str },
+    #[error("remote mode is not available: {0}")]
+    NoRemote(&'static str),
+    #[error(
+        "the guest agent of {guest} did not publish its state within {ms} ms \
+         (is crane-agent running in the guest?)"
+    )]
+    NoAgent { guest: String, ms: u64 },
+    #[error("the guest agent of {guest} did not answer {op} within {ms} ms")]
+    AgentTimeout {
+        guest: String,
+        op: &'static str,
+        ms: u64,
+    },
+    #[error("the guest agent of {guest} answered {outcome} to {op}: {error}")]
+    AgentFailed {
+        guest: String,
+        op: &'static str,
+        outcome: &'static str,
+        error: String,
+    },
+    #[error("detaching GPU {gpu} from {guest} failed: {source}")]
+    Detach {
+        guest: String,
+        gpu: PciAddr,
+        source: LibxlError,
+    },
+    #[error("attaching GPU {gpu} to {guest} failed: {source}")]
+    Attach {
+        guest: String,
+        gpu: PciAddr,
+        source: LibxlError,
+    },
+    #[error("no GPU of the pool is free for {0}")]
+    NoFreeGpu(String),
+    #[error(
+        "{guest} (domain {domid}) still runs on this host, so it did not leave; \
+         post-migrate-failed resumes it here"
+    )]
+    StillHere { guest: String, domid: u32 },
+    #[error("{0} is no longer on this host; nothing to roll back")]
+    Gone(String),
+    #[error("{cause}; {rollback}")]
+    RolledBack {
+        cause: Box<MigrateError>,
+        rollback: String,
+    },
+    #[error("moving the domain failed: {0}")]
+    Transfer(String),
+    #[error(transparent)]
+    Xl(#[from] LibxlError),
+    #[error(transparent)]
+    Xs(#[from] XsError),
+    #[error("XenStore: {0}")]
+    Channel(#[from] Dom0Error),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// What pre-migrate did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detached {
+    pub guest: String,
+    pub domid: u32,
+    /// The GPUs detached (now free in the pool).
+    pub gpus: Vec<PciAddr>,
+}
+
+/// What receive (or a rollback) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attached {
+    /// The guest runs on this GPU again (none: it had none to get back).
+    Resumed(Option<PciAddr>),
+    /// No GPU free: the guest stays on the proxy (or parked) and the
+    /// supervision loop attaches one when it frees.
+    Waiting,
+}
+
+/// What [`Migration::recover`] did with one journal entry.
+#[derive(Debug)]
+pub enum Recovered {
+    /// The domain left this host: the migration is over.
+    Departed,
+    /// The wrapper running xl is alive; its report will decide.
+    Left,
+    RolledBack(Result<Attached, MigrateError>),
+    Received(Result<Attached, MigrateError>),
+}
+
+/// One operation's view of the world: XenStore, the toolstack, the
+/// configuration and the token secret, and where progress goes.
+pub struct Migration<'a, S, X> {
+    pub store: &'a S,
+    pub xl: &'a X,
+    pub cfg: &'a Config,
+    pub secret: Option<&'a [u8]>,
+    /// Told each phase as it starts (phase, detail).
+    pub progress: &'a mut dyn FnMut(&str, Option<String>),
+}
+
+fn ms(d: u64) -> Duration {
+    Duration::from_millis(d)
+}
+
+fn domid16(domid: u32) -> u16 {
+    u16::try_from(domid).unwrap_or(u16::MAX)
+}
+
+impl<S: XenStore, X: Xl> Migration<'_, S, X> {
+    fn step(&mut self, phase: &str, detail: Option<String>) {
+        (self.progress)(phase, detail);
+    }
+
+    /// A guest named by name or domid → (name, domid); it must be managed
+    /// and running here.
+    pub fn resolve(&self, guest: &str) -> Result<(String, u32), MigrateError> {
+        if !guest.is_empty() && guest.bytes().all(|b| b.is_ascii_digit()) {
+            let domid: u32 = guest
+                .parse()
+                .map_err(|_| MigrateError::NoDomain(guest.to_string()))?;
+            let info = self
+                .xl
+                .domain_info(domid)?
+                .ok_or_else(|| MigrateError::NoDomain(guest.to_string()))?;
+            if !self.cfg.manages(&info.name) {
+                return Err(MigrateError::NotManaged(info.name));
+            }
+            return Ok((info.name, domid));
+        }
+        if !self.cfg.manages(guest) {
+            return Err(MigrateError::NotManaged(guest.to_string()));
+        }
+        let domid = self
+            .xl
+            .domid(guest)?
+            .ok_or_else(|| MigrateError::NoDomain(guest.to_string()))?;
+        Ok((guest.to_string(), domid))
+    }
+
+    /// Pool GPUs passed through to `domid`.
+    fn pool_gpus_of(&self, domid: u32) -> Result<Vec<PciAddr>, MigrateError> {
+        let pool: BTreeSet<_> = self.cfg.pool().iter().collect();
+        Ok(self
+            .xl
+            .pci_list(domid)?
+            .into_iter()
+            .filter(|g| pool.contains(g))
+            .collect())
+    }
+
+    /// Which domain holds each passed-through device.
+    pub fn holders(&self) -> Result<BTreeMap<PciAddr, (u32, String)>, MigrateError> {
+        let mut out = BTreeMap::new();
+        for d in self.xl.domains()? {
+            if d.domid == 0 {
+                continue;
+            }
+            for gpu in self.xl.pci_list(d.domid)? {
+                out.insert(gpu, (d.domid, d.name.clone()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pool GPUs no domain holds and no journal entry is attaching.
+    pub fn free_gpus(&self) -> Result<Vec<PciAddr>, MigrateError> {
+        let held = self.holders()?;
+        let mut reserved = BTreeSet::new();
+        for g in journal::guests(self.store)? {
+            if let Ok(Some(e)) = journal::load(self.store, &g)
+                && matches!(e.phase, Phase::Attaching | Phase::RollingBack)
+            {
+                reserved.extend(e.gpus);
+            }
+        }
+        Ok(self
+            .cfg
+            .pool()
+            .iter()
+            .filter(|g| !held.contains_key(g) && !reserved.contains(g))
+            .copied()
+            .collect())
+    }
+
+    fn channel(&self, domid: u32) -> GuestChannel<'_, S> {
+        GuestChannel::new(self.store, domid16(domid))
+    }
+
+    fn wait_agent(&mut self, guest: &str, domid: u32) -> Result<(), MigrateError> {
+        let chan = self.channel(domid);
+        chan.setup()?;
+        if chan.agent_state()?.is_some() {
+            return Ok(());
+        }
+        self.step("agent", Some("waiting for the guest agent".into()));
+        let chan = self.channel(domid);
+        match chan.wait_agent(ms(self.cfg.agent_timeout_ms))? {
+            Some(_) => Ok(()),
+            None => Err(MigrateError::NoAgent {
+                guest: guest.to_string(),
+                ms: self.cfg.agent_timeout_ms,
+            }),
+        }
+    }
+
+    /// Posts `op` and waits for its final answer.
+    fn ask(
+        &mut self,
+        guest: &str,
+        domid: u32,
+        entry: &mut Entry,
+        op: Op,
+        deadline_ms: u64,
+    ) -> Result<Response, MigrateError> {
+        let name = op.name();
+        let chan = self.channel(domid);
+        let req = chan.post(op, Some(deadline_ms))?;
+        entry.seq = req.seq;
+        journal::save(self.store, guest, entry)?;
+        match chan.wait_answer(req.seq, ms(deadline_ms + self.cfg.answer_grace_ms)) {
+            Ok(r) => Ok(r),
+            Err(Dom0Error::Timeout { .. }) => Err(MigrateError::AgentTimeout {
+                guest: guest.to_string(),
+                op: name,
+                ms: deadline_ms + self.cfg.answer_grace_ms,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn agent_failed(guest: &str, op: &'static str, r: &Response) -> MigrateError {
+        let error = r.error.clone().unwrap_or_else(|| "no reason given".into());
+        limited!(
+            log::Level::Warn,
+            "{guest}: the agent answered {} to {op}: {error}",
+            r.outcome.as_str()
+        );
+        MigrateError::AgentFailed {
+            guest: guest.to_string(),
+            op,
+            outcome: r.outcome.as_str(),
+            error,
+        }
+    }
+
+    fn migrate_op(&self, guest: &str, mode: Mode) -> Result<Op, MigrateError> {
+        Ok(Op::PrepareMigrate(match mode {
+            Mode::StopAndCopy => MigrateMode::StopAndCopy,
+            Mode::Remote => {
+                if self.cfg.proxy.address.is_empty() {
+                    return Err(MigrateError::NoRemote("proxy.address is not configured"));
+                }
+                let secret = self.secret.ok_or(MigrateError::NoRemote(
+                    "no token secret (tokens.secret_file) to derive the guest's token",
+                ))?;
+                MigrateMode::Remote {
+                    proxy: self.cfg.proxy.address.clone(),
+                    token: Some(tokens::derive(secret, guest, self.cfg.tokens.epoch)),
+                }
+            }
+        }))
+    }
+
+    /// Source, before `xl migrate`/`xl save`: processes off the GPU, GPU
+    /// detached and back in the pool. A repeat of a completed pre-migrate
+    /// with the same mode answers at once. On failure everything is rolled
+    /// back and the error says both what failed and how the rollback went.
+    pub fn pre_migrate(
+        &mut self,
+        guest: &str,
+        dest: &str,
+        mode: Mode,
+        owner: Option<u32>,
+    ) -> Result<Detached, MigrateError> {
+        let (name, domid) = self.resolve(guest)?;
+        if let Some(e) = journal::load(self.store, &name)? {
+            if e.phase == Phase::Detached && e.mode == Some(mode) && e.domid == domid {
+                let mut e = e;
+                e.owner = owner.or(e.owner);
+                journal::save(self.store, &name, &e)?;
+                return Ok(Detached {
+                    guest: name,
+                    domid,
+                    gpus: e.gpus,
+                });
+            }
+            return Err(MigrateError::Busy {
+                guest: name,
+                phase: e.phase.as_str(),
+            });
+        }
+        let op = self.migrate_op(&name, mode)?;
+        let mut entry = Entry::new(Phase::Preparing, domid);
+        entry.mode = Some(mode);
+        entry.dest = Some(dest.to_string());
+        entry.owner = owner;
+        entry.gpus = self.pool_gpus_of(domid)?;
+        journal::save(self.store, &name, &entry)?;
+        log::info!(
+            "{name} (domain {domid}): pre-migrate to {dest}, {}, GPUs {:?}",
+            mode.as_str(),
+            entry.gpus
+        );
+
+        if let Err(cause) = self.prepare(&name, domid, &mut entry, op) {
+            return Err(self.fail(&name, &mut entry, cause));
+        }
+
+        entry.phase = Phase::Detaching;
+        journal::save(self.store, &name, &entry)?;
+        for gpu in entry.gpus.clone() {
+            self.step("detach", Some(gpu.to_string()));
+            let attached = self.xl.pci_list(domid)?;
+            if attached.contains(&gpu)
+                && let Err(source) = self.xl.pci_detach(domid, gpu)
+            {
+                let cause = MigrateError::Detach {
+                    guest: name.clone(),
+                    gpu,
+                    source,
+                };
+                return Err(self.fail(&name, &mut entry, cause));
+            }
+            // pci remove leaves the device on pciback; making sure keeps it
+            // in the pool even if something unbound it meanwhile.
+            if let Err(e) = self.xl.pci_assignable_add(gpu, false) {
+                log::warn!("{name}: GPU {gpu} detached but not assignable again: {e}");
+            }
+        }
+        entry.phase = Phase::Detached;
+        journal::save(self.store, &name, &entry)?;
+        log::info!("{name}: detached; xl may move the domain now");
+        Ok(Detached {
+            guest: name,
+            domid,
+            gpus: entry.gpus,
+        })
+    }
+
+    fn prepare(
+        &mut self,
+        guest: &str,
+        domid: u32,
+        entry: &mut Entry,
+        op: Op,
+    ) -> Result<(), MigrateError> {
+        self.wait_agent(guest, domid)?;
+        self.step("prepare-migrate", None);
+        let r = self.ask(guest, domid, entry, op, self.cfg.migrate_deadline_ms)?;
+        match r.outcome {
+            Outcome::ReadyForDetach => Ok(()),
+            _ => Err(Self::agent_failed(guest, "prepare-migrate", &r)),
+        }
+    }
+
+    /// Rolls back after `cause` and folds both into one error.
+    fn fail(&mut self, guest: &str, entry: &mut Entry, cause: MigrateError) -> MigrateError {
+        log::warn!("{guest}: {cause}; rolling back");
+        let rollback = match self.roll_back_entry(guest, entry) {
+            Ok(Attached::Resumed(_)) => "rolled back: the guest kept its GPU".to_string(),
+            Ok(Attached::Waiting) => {
+                "rolled back, but no GPU is free: the guest waits for one".to_string()
+            }
+            Err(e) => format!("the rollback failed too: {e}"),
+        };
+        MigrateError::RolledBack {
+            cause: Box::new(cause),
+            rollback,
+        }
+    }
+
+    /// Source, after a failed `xl migrate`/`xl save` (or `xl save -c`): GPU
+    /// attached again, processes resumed on it.
+    pub fn roll_back(&mut self, guest: &str) -> Result<Attached, MigrateError> {
+        if !self.cfg.manages(guest) {
+            return Err(MigrateError::NotManaged(guest.to_string()));
+        }
+        let Some(mut entry) = journal::load(self.store, guest)? else {
+            // Nothing under way; the guest may still have been detached by
+            // an earlier craned whose journal was lost: bring it back if so.
+            let (name, domid) = self.resolve(guest)?;
+            let mut entry = Entry::new(Phase::RollingBack, domid);
+            entry.gpus = self.pool_gpus_of(domid)?;
+            return self.roll_back_entry(&name, &mut entry);
+        };
+        if !entry.phase.is_source() {
+            return Err(MigrateError::Busy {
+                guest: guest.to_string(),
+                phase: entry.phase.as_str(),
+            });
+        }
+        self.roll_back_entry(guest, &mut entry)
+    }
+
+    fn roll_back_entry(
+        &mut self,
+        guest: &str,
+        entry: &mut Entry,
+    ) -> Result<Attached, MigrateError> {
+        let domid = entry.domid;
+        let alive = self
+            .xl
+            .domain_info(domid)?
+            .is_some_and(|d| d.state.is_alive());
+        if !alive {
+            journal::remove(self.store, guest)?;
+            return Err(MigrateError::Gone(guest.to_string()));
+        }
+        entry.phase = Phase::RollingBack;
+        journal::save(self.store, guest, entry)?;
+        let mut gpus = Vec::new();
+        for gpu in entry.gpus.clone() {
+            match self.attach_one(guest, domid, gpu, true)? {
+                Some(g) => gpus.push(g),
+                None => {
+                    if self.cfg.no_free_gpu == NoFreeGpu::Wait {
+                        entry.phase = Phase::WaitingGpu;
+                        entry.gpus.clear();
+                        journal::save(self.store, guest, entry)?;
+                        return Ok(Attached::Waiting);
+                    }
+                    journal::remove(self.store, guest)?;
+                    return Err(MigrateError::NoFreeGpu(guest.to_string()));
+                }
+            }
+        }
+        entry.gpus = gpus.clone();
+        entry.phase = Phase::Resuming;
+        journal::save(self.store, guest, entry)?;
+        let result = self.resume(guest, domid, entry);
+        journal::remove(self.store, guest)?;
+        result.map(|()| Attached::Resumed(gpus.first().copied()))
+    }
+
+    /// Makes sure `gpu` (or, when another domain took it and `substitute`,
+    /// another free one) is attached to `domid`. `None`: none available.
+    fn attach_one(
+        &mut self,
+        guest: &str,
+        domid: u32,
+        gpu: PciAddr,
+        substitute: bool,
+    ) -> Result<Option<PciAddr>, MigrateError> {
+        if self.xl.pci_list(domid)?.contains(&gpu) {
+            return Ok(Some(gpu));
+        }
+        let holders = self.holders()?;
+        let gpu = if holders.contains_key(&gpu) {
+            if !substitute {
+                return Ok(None);
+            }
+            match self.free_gpus()?.first() {
+                Some(g) => *g,
+                None => return Ok(None),
+            }
+        } else {
+            gpu
+        };
+        self.step("attach", Some(gpu.to_string()));
+        let attach = || -> Result<(), LibxlError> {
+            self.xl.pci_assignable_add(gpu, false)?;
+            self.xl.pci_attach(domid, gpu)
+        };
+        attach().map_err(|source| MigrateError::Attach {
+            guest: guest.to_string(),
+            gpu,
+            source,
+        })?;
+        log::info!("{guest} (domain {domid}): GPU {gpu} attached");
+        Ok(Some(gpu))
+    }
+
+    /// prepare-resume unless the agent is already in passthrough.
+    fn resume(&mut self, guest: &str, domid: u32, entry: &mut Entry) -> Result<(), MigrateError> {
+        self.wait_agent(guest, domid)?;
+        if let Some(s) = self.channel(domid).agent_state()?
+            && s.state == GuestState::Passthrough
+        {
+            return Ok(());
+        }
+        self.step("prepare-resume", None);
+        let r = self.ask(
+            guest,
+            domid,
+            entry,
+            Op::PrepareResume,
+            self.cfg.resume_deadline_ms,
+        )?;
+        match r.outcome {
+            Outcome::Resumed => {
+                log::info!("{guest}: resumed on its GPU in {:.0} ms", r.ms);
+                Ok(())
+            }
+            _ => Err(Self::agent_failed(guest, "prepare-resume", &r)),
+        }
+    }
+
+    /// Source, after `xl migrate`/`xl save` succeeded: the domain left.
+    pub fn migrated(&mut self, guest: &str) -> Result<Option<String>, MigrateError> {
+        if !self.cfg.manages(guest) {
+            return Err(MigrateError::NotManaged(guest.to_string()));
+        }
+        let Some(entry) = journal::load(self.store, guest)? else {
+            return Ok(None);
+        };
+        if let Some(d) = self.xl.domain_info(entry.domid)?
+            && d.state.is_alive()
+            && d.name == guest
+        {
+            return Err(MigrateError::StillHere {
+                guest: guest.to_string(),
+                domid: entry.domid,
+            });
+        }
+        journal::remove(self.store, guest)?;
+        log::info!(
+            "{guest}: left this host for {}",
+            entry.dest.as_deref().unwrap_or("?")
+        );
+        Ok(entry.dest)
+    }
+
+    /// Destination: may a guest arrive now?
+    pub fn check_receive(&self) -> Result<(), MigrateError> {
+        if self.cfg.no_free_gpu == NoFreeGpu::Refuse && self.free_gpus()?.is_empty() {
+            return Err(MigrateError::NoFreeGpu("an arriving guest".into()));
+        }
+        Ok(())
+    }
+
+    /// Destination, once the domain arrived (also after `xl restore`): a
+    /// free GPU attached, processes resumed on it.
+    pub fn receive(&mut self, guest: &str) -> Result<Attached, MigrateError> {
+        let (name, domid) = self.resolve(guest)?;
+        let mut entry = match journal::load(self.store, &name)? {
+            Some(e) if e.domid == domid && !e.phase.is_source() => e,
+            Some(e) if e.domid == domid => {
+                return Err(MigrateError::Busy {
+                    guest: name,
+                    phase: e.phase.as_str(),
+                });
+            }
+            // No entry, or one about an earlier domain of that name.
+            _ => Entry::new(Phase::Receiving, domid),
+        };
+        journal::save(self.store, &name, &entry)?;
+        let result = self.receive_entry(&name, domid, &mut entry);
+        match &result {
+            Ok(Attached::Waiting) => {}
+            _ => journal::remove(self.store, &name)?,
+        }
+        result
+    }
+
+    fn receive_entry(
+        &mut self,
+        guest: &str,
+        domid: u32,
+        entry: &mut Entry,
+    ) -> Result<Attached, MigrateError> {
+        self.wait_agent(guest, domid)?;
+        let have = self.pool_gpus_of(domid)?;
+        let gpu = if let Some(g) = have.first() {
+            *g
+        } else {
+            let wanted = entry.gpus.first().copied();
+            let free = self.free_gpus()?;
+            let pick = match wanted {
+                Some(w) if free.contains(&w) || entry.phase == Phase::Attaching => Some(w),
+                _ => free.first().copied(),
+            };
+            let Some(gpu) = pick else {
+                if self.cfg.no_free_gpu == NoFreeGpu::Refuse {
+                    return Err(MigrateError::NoFreeGpu(guest.to_string()));
+                }
+                if entry.phase != Phase::WaitingGpu {
+                    log::info!("{guest}: no GPU free; it waits on the proxy until one frees");
+                }
+                entry.phase = Phase::WaitingGpu;
+                entry.gpus.clear();
+                journal::save(self.store, guest, entry)?;
+                return Ok(Attached::Waiting);
+            };
+            entry.phase = Phase::Attaching;
+            entry.gpus = vec![gpu];
+            journal::save(self.store, guest, entry)?;
+            match self.attach_one(guest, domid, gpu, false)? {
+                Some(g) => g,
+                None => return Err(MigrateError::NoFreeGpu(guest.to_string())),
+            }
+        };
+        entry.gpus = vec![gpu];
+        entry.phase = Phase::Resuming;
+        journal::save(self.store, guest, entry)?;
+        self.resume(guest, domid, entry)?;
+        Ok(Attached::Resumed(Some(gpu)))
+    }
+
+    /// Takes up every journal entry: at start (after a restart) and on each
+    /// supervision tick. `owner_alive` tells whether the wrapper process that
+    /// asked for a pre-migrate still runs.
+    pub fn recover(
+        &mut self,
+        owner_alive: &dyn Fn(u32) -> bool,
+    ) -> Result<Vec<(String, Recovered)>, MigrateError> {
+        let mut out = Vec::new();
+        for guest in journal::guests(self.store)? {
+            let mut entry = match journal::load(self.store, &guest) {
+                Ok(Some(e)) => e,
+                Ok(None) => continue,
+                Err(e) => {
+                    log::error!("{e}; removing it");
+                    journal::remove(self.store, &guest)?;
+                    continue;
+                }
+            };
+            let here = self
+                .xl
+                .domain_info(entry.domid)?
+                .is_some_and(|d| d.state.is_alive() && d.name == guest);
+            let outcome = match entry.phase {
+                _ if !here => {
+                    journal::remove(self.store, &guest)?;
+                    Recovered::Departed
+                }
+                Phase::Detached if entry.owner.is_some_and(owner_alive) => Recovered::Left,
+                Phase::Preparing | Phase::Detaching | Phase::Detached | Phase::RollingBack => {
+                    log::warn!(
+                        "{guest}: migration left in phase {}; rolling back",
+                        entry.phase.as_str()
+                    );
+                    Recovered::RolledBack(self.roll_back_entry(&guest, &mut entry))
+                }
+                Phase::Receiving | Phase::WaitingGpu | Phase::Attaching | Phase::Resuming => {
+                    if entry.phase != Phase::WaitingGpu {
+                        log::warn!(
+                            "{guest}: receive left in phase {}; carrying it on",
+                            entry.phase.as_str()
+                        );
+                    }
+                    Recovered::Received(self.receive(&guest))
+                }
+            };
+            out.push((guest, outcome));
+        }
+        Ok(out)
+    }
+
+    /// The whole source-side migration for callers that move the domain
+    /// themselves: pre-migrate, `transfer` (which runs `xl migrate` or
+    /// `xl save`), then done or rolled back.
+    pub fn migrate(
+        &mut self,
+        guest: &str,
+        dest: &str,
+        mode: Mode,
+        transfer: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Detached, MigrateError> {
+        let detached = self.pre_migrate(guest, dest, mode, None)?;
+        self.step("transfer", Some(dest.to_string()));
+        match transfer() {
+            Ok(()) => {
+                self.migrated(&detached.guest)?;
+                Ok(detached)
+            }
+            Err(why) => {
+                let rollback = match self.roll_back(&detached.guest) {
+                    Ok(_) => "rolled back: the guest kept its GPU".to_string(),
+                    Err(e) => format!("the rollback failed too: {e}"),
+                };
+                Err(MigrateError::RolledBack {
+                    cause: Box::new(MigrateError::Transfer(why)),
+                    rollback,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{FakeAgent, FakeXl, OnMigrate, gpu};
+    use crane_libxl::DomainState;
+    use crane_xs::mem::{MemConn, MemStore};
+    use crane_xs::message::DetachKind;
+
+    const SECRET: &[u8] = b"0123456789abcdef-shared";
+    const GPU_A: &str = "0000:00:05.0";
+    const GPU_B: &str = "0000:00:06.0";
+
+    fn config() -> Config {
+        let mut cfg = Config {
+            guests: vec!["g1".into(), "g2".into()],
+            ..Config::default()
+        };
+        cfg.gpus.pool = vec![gpu(GPU_A), gpu(GPU_B)];
+        cfg.proxy.address = "tcp://10.77.0.2:7000".into();
+        cfg.agent_timeout_ms = 3_000;
+        cfg.migrate_deadline_ms = 3_000;
+        cfg.resume_deadline_ms = 3_000;
+        cfg.answer_grace_ms = 200;
+        cfg
+    }
+
+    struct World {
+        store: MemStore,
+        dom0: MemConn,
+        xl: FakeXl,
+        cfg: Config,
+        phases: Vec<String>,
+    }
+
+    impl World {
+        fn new(cfg: Config) -> World {
+            let store = MemStore::new();
+            let dom0 = store.connect(0);
+            World {
+                store,
+                dom0,
+                xl: FakeXl::default(),
+                cfg,
+                phases: Vec::new(),
+            }
+        }
+
+        /// A running guest domain with an agent.
+        fn guest(&self, name: &str, domid: u32, gpus: &[&str], state: GuestState) -> FakeAgent {
+            self.guest_with(name, domid, gpus, state, OnMigrate::Detach)
+        }
+
+        fn guest_with(
+            &self,
+            name: &str,
+            domid: u32,
+            gpus: &[&str],
+            state: GuestState,
+            on_migrate: OnMigrate,
+        ) -> FakeAgent {
+            let gpus: Vec<PciAddr> = gpus.iter().map(|g| gpu(g)).collect();
+            self.xl.add_domain(name, domid, &gpus);
+            self.store.introduce(domid as u16);
+            FakeAgent::start(&self.store, domid as u16, state, on_migrate)
+        }
+
+        fn run<T>(&mut self, f: impl FnOnce(&mut Migration<'_, MemConn, FakeXl>) -> T) -> T {
+            let phases = &mut self.phases;
+            let mut progress = |p: &str, _d: Option<String>| phases.push(p.to_string());
+            let mut m = Migration {
+                store: &self.dom0,
+                xl: &self.xl,
+                cfg: &self.cfg,
+                secret: Some(SECRET),
+                progress: &mut progress,
+            };
+            f(&mut m)
+        }
+
+        /// The phases reported, without the wait for an agent that had not
+        /// published its state yet (a matter of thread timing here).
+        fn steps(&self) -> Vec<&str> {
+            self.phases
+                .iter()
+                .map(String::as_str)
+                .filter(|p| *p != "agent")
+                .collect()
+        }
+
+        fn journal(&self, guest: &str) -> Option<Entry> {
+            journal::load(&self.dom0, guest).unwrap()
+        }
+    }
+
+    #[test]
+    fn remote_migration_detaches_the_gpu_and_hands_out_proxy_and_token() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        let d = w
+            .run(|m| m.pre_migrate("g1", "host1", Mode::Remote, Some(77)))
+            .unwrap();
+        assert_eq!(d.gpus, [gpu(GPU_A)]);
+        assert!(w.xl.gpus_of(3).is_empty(), "GPU detached");
+        assert!(
+            w.xl.assignable().contains(&gpu(GPU_A)),
+            "GPU back in the pool"
+        );
+        let req = &agent.seen()[0];
+        assert_eq!(
+            req.op,
+            Op::PrepareMigrate(MigrateMode::Remote {
+                proxy: "tcp://10.77.0.2:7000".into(),
+                token: Some(tokens::derive(SECRET, "g1", 1)),
+            })
+        );
+        assert_eq!(req.deadline_ms, Some(3_000));
+        let e = w.journal("g1").unwrap();
+        assert_eq!(
+            (e.phase, e.owner, e.seq),
+            (Phase::Detached, Some(77), req.seq)
+        );
+        assert_eq!(w.steps(), ["prepare-migrate", "detach"]);
+
+        // A repeat (the wrapper retrying) answers at once; another mode is busy.
+        let again = w.run(|m| m.pre_migrate("3", "host1", Mode::Remote, Some(78)));
+        assert_eq!(again.unwrap().gpus, [gpu(GPU_A)]);
+        assert_eq!(agent.seen().len(), 1);
+        let busy = w.run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None));
+        assert!(matches!(busy, Err(MigrateError::Busy { .. })), "{busy:?}");
+        // Reporting success while the domain is still here is refused.
+        let still = w.run(|m| m.migrated("g1"));
+        assert!(
+            matches!(still, Err(MigrateError::StillHere { .. })),
+            "{still:?}"
+        );
+
+        // xl migrate moved it away.
+        w.xl.remove_domain(3);
+        assert_eq!(
+            w.run(|m| m.migrated("g1")).unwrap().as_deref(),
+            Some("host1")
+        );
+        assert!(w.journal("g1").is_none());
+        assert_eq!(w.run(|m| m.free_gpus()).unwrap(), [gpu(GPU_A), gpu(GPU_B)]);
+    }
+
+    #[test]
+    fn destination_receive_attaches_a_free_gpu_and_resumes() {
+        let mut w = World::new(config());
+        // GPU A is held by another guest; the arriving one gets B.
+        let _other = w.guest("g2", 2, &[GPU_A], GuestState::Passthrough);
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        w.run(|m| m.check_receive()).unwrap();
+        let r = w.run(|m| m.receive("g1")).unwrap();
+        assert_eq!(r, Attached::Resumed(Some(gpu(GPU_B))));
+        assert_eq!(w.xl.gpus_of(9), [gpu(GPU_B)]);
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+        assert_eq!(w.steps(), ["attach", "prepare-resume"]);
+        // Receiving again is harmless: GPU kept, agent already in passthrough.
+        assert_eq!(
+            w.run(|m| m.receive("g1")).unwrap(),
+            Attached::Resumed(Some(gpu(GPU_B)))
+        );
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+    }
+
+    #[test]
+    fn agent_timeout_rolls_back() {
+        let mut cfg = config();
+        cfg.migrate_deadline_ms = 300;
+        let mut w = World::new(cfg);
+        let agent = w.guest_with("g1", 3, &[GPU_A], GuestState::Passthrough, OnMigrate::Hang);
+        let e = w
+            .run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("did not answer prepare-migrate within 500 ms"),
+            "{e}"
+        );
+        assert!(e.contains("rolled back: the guest kept its GPU"), "{e}");
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)], "the GPU never left");
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn agent_failure_is_reported_without_a_needless_resume() {
+        let mut w = World::new(config());
+        let agent = w.guest_with("g1", 3, &[GPU_A], GuestState::Passthrough, OnMigrate::Fail);
+        let e = w
+            .run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("answered failed to prepare-migrate: 1 of 1 processes refused"),
+            "{e}"
+        );
+        assert_eq!(
+            agent.ops(),
+            ["prepare-migrate"],
+            "the agent rolled back itself"
+        );
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn detach_failure_rolls_back() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        w.xl.fail_detach(true);
+        let e = w
+            .run(|m| m.pre_migrate("g1", "host1", Mode::Remote, None))
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(&e, MigrateError::RolledBack { cause, .. }
+                if matches!(**cause, MigrateError::Detach { .. })),
+            "{text}"
+        );
+        assert!(text.contains("ERROR_FAIL"), "{text}");
+        assert!(text.contains("rolled back"), "{text}");
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)]);
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn restart_after_detach_rolls_back_once_the_wrapper_is_gone() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        w.run(|m| m.pre_migrate("g1", "host1", Mode::Remote, Some(4242)))
+            .unwrap();
+        // A new craned: while the wrapper (pid 4242) lives, its report decides.
+        let left = w.run(|m| m.recover(&|pid| pid == 4242)).unwrap();
+        assert!(matches!(left[..], [(_, Recovered::Left)]), "{left:?}");
+        assert_eq!(w.journal("g1").unwrap().phase, Phase::Detached);
+        // The wrapper died without reporting and the domain is still here.
+        let back = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(&back[..], [(g, Recovered::RolledBack(Ok(Attached::Resumed(Some(_)))))] if g == "g1"),
+            "{back:?}"
+        );
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)]);
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn restart_mid_preparation_rolls_back() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        // craned died after the agent answered, before detaching.
+        let mut e = Entry::new(Phase::Detaching, 3);
+        e.mode = Some(Mode::StopAndCopy);
+        e.gpus = vec![gpu(GPU_A)];
+        journal::save(&w.dom0, "g1", &e).unwrap();
+        w.run(|m| m.pre_migrate("g1", "h", Mode::StopAndCopy, None))
+            .unwrap_err();
+        let out = w.run(|m| m.recover(&|_| true)).unwrap();
+        assert!(
+            matches!(&out[..], [(_, Recovered::RolledBack(Ok(_)))]),
+            "{out:?}"
+        );
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)]);
+        // The agent was in passthrough: nothing to resume.
+        assert!(agent.ops().is_empty(), "{:?}", agent.ops());
+    }
+
+    #[test]
+    fn restart_mid_receive_carries_it_forward() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::StopAndCopy));
+        // craned died right after choosing GPU B, before attaching it.
+        let mut e = Entry::new(Phase::Attaching, 9);
+        e.gpus = vec![gpu(GPU_B)];
+        journal::save(&w.dom0, "g1", &e).unwrap();
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(&out[..], [(_, Recovered::Received(Ok(Attached::Resumed(Some(g)))))] if *g == gpu(GPU_B)),
+            "{out:?}"
+        );
+        assert_eq!(w.xl.gpus_of(9), [gpu(GPU_B)]);
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn restart_after_the_domain_left_finishes() {
+        let mut w = World::new(config());
+        let _agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        w.run(|m| m.pre_migrate("g1", "host1", Mode::Remote, Some(1)))
+            .unwrap();
+        w.xl.remove_domain(3);
+        let out = w.run(|m| m.recover(&|_| true)).unwrap();
+        assert!(matches!(out[..], [(_, Recovered::Departed)]), "{out:?}");
+        assert!(w.journal("g1").is_none());
+        // A rollback asked for afterwards says there is nothing to do.
+        let e = w.run(|m| m.roll_back("g1")).unwrap_err();
+        assert!(matches!(e, MigrateError::NoDomain(_)), "{e}");
+    }
+
+    #[test]
+    fn no_free_gpu_waits_on_the_proxy_until_one_frees() {
+        let mut cfg = config();
+        cfg.gpus.pool = vec![gpu(GPU_A)];
+        let mut w = World::new(cfg);
+        let _holder = w.guest("g2", 2, &[GPU_A], GuestState::Passthrough);
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        w.run(|m| m.check_receive()).unwrap();
+        assert_eq!(w.run(|m| m.receive("g1")).unwrap(), Attached::Waiting);
+        assert_eq!(w.journal("g1").unwrap().phase, Phase::WaitingGpu);
+        assert!(agent.ops().is_empty(), "the guest stays remote");
+        // Still none on the next tick.
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(matches!(
+            out[..],
+            [(_, Recovered::Received(Ok(Attached::Waiting)))]
+        ));
+        // g2 goes away; the next tick gives its GPU to g1.
+        w.xl.remove_domain(2);
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(
+                &out[..],
+                [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
+            ),
+            "{out:?}"
+        );
+        assert_eq!(w.xl.gpus_of(9), [gpu(GPU_A)]);
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn a_failed_attach_on_arrival_is_reported_and_the_guest_stays_detached() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        w.xl.fail_attach(true);
+        let e = w.run(|m| m.receive("g1")).unwrap_err().to_string();
+        assert!(e.contains("attaching GPU 0000:00:05.0 to g1 failed"), "{e}");
+        assert!(agent.ops().is_empty(), "no prepare-resume without a GPU");
+        assert!(w.journal("g1").is_none());
+        w.xl.fail_attach(false);
+        assert_eq!(
+            w.run(|m| m.receive("g1")).unwrap(),
+            Attached::Resumed(Some(gpu(GPU_A)))
+        );
+    }
+
+    #[test]
+    fn no_free_gpu_refuses_before_starting() {
+        let mut cfg = config();
+        cfg.gpus.pool = vec![gpu(GPU_A)];
+        cfg.no_free_gpu = NoFreeGpu::Refuse;
+        let mut w = World::new(cfg);
+        let _holder = w.guest("g2", 2, &[GPU_A], GuestState::Passthrough);
+        let e = w.run(|m| m.check_receive()).unwrap_err();
+        assert!(e.to_string().contains("no GPU of the pool is free"), "{e}");
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        assert!(matches!(
+            w.run(|m| m.receive("g1")),
+            Err(MigrateError::NoFreeGpu(_))
+        ));
+        assert!(agent.ops().is_empty());
+        assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn a_failed_transfer_gives_the_gpu_back_and_a_good_one_finishes() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        let e = w
+            .run(|m| {
+                m.migrate("g1", "host1", Mode::StopAndCopy, || {
+                    Err("xl migrate exited with 1".into())
+                })
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("moving the domain failed: xl migrate exited with 1"),
+            "{e}"
+        );
+        assert!(e.contains("rolled back"), "{e}");
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)]);
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+
+        let xl = w.xl.clone();
+        w.run(|m| {
+            m.migrate("g1", "host1", Mode::StopAndCopy, || {
+                xl.remove_domain(3);
+                Ok(())
+            })
+        })
+        .unwrap();
+        assert!(w.journal("g1").is_none());
+        assert_eq!(w.phases.last().map(String::as_str), Some("transfer"));
+    }
+
+    #[test]
+    fn a_rollback_whose_gpu_was_taken_gets_another() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        w.run(|m| m.pre_migrate("g1", "host1", Mode::Remote, None))
+            .unwrap();
+        // Meanwhile another guest arrived and got GPU A.
+        let _g2 = w.guest("g2", 4, &[GPU_A], GuestState::Passthrough);
+        let r = w.run(|m| m.roll_back("g1")).unwrap();
+        assert_eq!(r, Attached::Resumed(Some(gpu(GPU_B))));
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_B)]);
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+    }
+
+    #[test]
+    fn what_is_refused_and_why() {
+        let mut w = World::new(config());
+        let _a = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
+        w.xl.add_domain("other", 5, &[]);
+        for (guest, want) in [
+            ("other", "not a guest crane manages"),
+            ("5", "not a guest"),
+            ("g2", "no domain g2"),
+            ("99", "no domain 99"),
+        ] {
+            let e = w
+                .run(|m| m.pre_migrate(guest, "h", Mode::StopAndCopy, None))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{guest}: {e}");
+        }
+        // Remote mode needs a secret and an address.
+        let phases = &mut w.phases;
+        let mut progress = |p: &str, _d: Option<String>| phases.push(p.to_string());
+        let mut m = Migration {
+            store: &w.dom0,
+            xl: &w.xl,
+            cfg: &w.cfg,
+            secret: None,
+            progress: &mut progress,
+        };
+        let e = m
+            .pre_migrate("g1", "h", Mode::Remote, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no token secret"), "{e}");
+        assert!(journal::load(&w.dom0, "g1").unwrap().is_none());
+        // A guest that shut down cannot be rolled back into.
+        w.xl.set_state(3, DomainState::Shutdown);
+        let mut e = Entry::new(Phase::Detached, 3);
+        e.gpus = vec![gpu(GPU_A)];
+        journal::save(&w.dom0, "g1", &e).unwrap();
+        let mut progress = |_: &str, _: Option<String>| {};
+        let mut m = Migration {
+            store: &w.dom0,
+            xl: &w.xl,
+            cfg: &w.cfg,
+            secret: None,
+            progress: &mut progress,
+        };
+        assert!(matches!(m.roll_back("g1"), Err(MigrateError::Gone(_))));
+    }
+}

@@ -1,0 +1,390 @@
+//! The proxy domain: craned keeps it running (created from its xl
+//! configuration when absent, recreated when it dies or stops answering),
+//! gives it its own GPU, and publishes the managed guests' session tokens to
+//! it. One [`ProxySupervisor::tick`] per supervision period.
+
+use std::collections::BTreeMap;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crane_libxl::Xl;
+use crane_xs::XenStore;
+use crane_xs::proxy::publish_tokens;
+use craned_control::ProxyStatus;
+
+use crate::config::Config;
+use crate::tokens;
+
+/// Checks that crane-proxy answers at `address`.
+pub type HealthCheck = dyn Fn(&str, Duration) -> Result<(), String> + Send;
+
+/// Connects to `tcp://HOST:PORT` (or `unix:/PATH`): the proxy listens.
+pub fn connect_check(address: &str, timeout: Duration) -> Result<(), String> {
+    if let Some(path) = address.strip_prefix("unix:") {
+        return std::os::unix::net::UnixStream::connect(path)
+            .map(drop)
+            .map_err(|e| format!("cannot connect to {address}: {e}"));
+    }
+    let hostport = address
+        .strip_prefix("tcp://")
+        .ok_or_else(|| format!("{address} is not tcp://HOST:PORT"))?;
+    let addrs: Vec<_> = hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {hostport}: {e}"))?
+        .collect();
+    let mut last = format!("{hostport} resolves to no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = format!("cannot connect to {a}: {e}"),
+        }
+    }
+    Err(last)
+}
+
+pub struct ProxySupervisor {
+    status: ProxyStatus,
+    failures: u32,
+    started: Option<Instant>,
+    check: Box<HealthCheck>,
+}
+
+impl ProxySupervisor {
+    pub fn new(cfg: &Config, check: Box<HealthCheck>) -> ProxySupervisor {
+        ProxySupervisor {
+            status: ProxyStatus {
+                address: cfg.proxy.address.clone(),
+                domain: (!cfg.proxy.domain.is_empty()).then(|| cfg.proxy.domain.clone()),
+                domid: None,
+                healthy: false,
+                last_error: None,
+                restarts: 0,
+            },
+            failures: 0,
+            started: None,
+            check,
+        }
+    }
+
+    pub fn status(&self) -> &ProxyStatus {
+        &self.status
+    }
+
+    fn error(&mut self, e: String) {
+        if self.status.last_error.as_deref() != Some(e.as_str()) {
+            log::warn!("proxy: {e}");
+        }
+        self.status.last_error = Some(e);
+    }
+
+    /// The tokens of every managed guest, for the proxy domain.
+    pub fn token_map(cfg: &Config, secret: &[u8]) -> BTreeMap<String, String> {
+        cfg.guests
+            .iter()
+            .map(|g| (g.clone(), tokens::derive(secret, g, cfg.tokens.epoch)))
+            .collect()
+    }
+
+    fn start<X: Xl>(&mut self, xl: &X, cfg: &Config) -> Option<u32> {
+        if let Some(gpu) = cfg.proxy.gpu
+            && let Err(e) = xl.pci_assignable_add(gpu, false)
+        {
+            self.error(format!("cannot make its GPU {gpu} assignable: {e}"));
+        }
+        log::info!(
+            "proxy: creating domain {} from {}",
+            cfg.proxy.domain,
+            cfg.proxy.config.display()
+        );
+        if self.started.is_some() {
+            self.status.restarts += 1;
+        }
+        self.started = Some(Instant::now());
+        self.failures = 0;
+        if let Err(e) = xl.create(&cfg.proxy.config) {
+            self.error(e.to_string());
+            return None;
+        }
+        match xl.domid(&cfg.proxy.domain) {
+            Ok(Some(d)) => Some(d),
+            Ok(None) => {
+                self.error(format!(
+                    "xl create {} made no domain named {}",
+                    cfg.proxy.config.display(),
+                    cfg.proxy.domain
+                ));
+                None
+            }
+            Err(e) => {
+                self.error(e.to_string());
+                None
+            }
+        }
+    }
+
+    /// Makes sure the proxy domain runs (creating it if needed), has its
+    /// GPU and the current tokens, and answers; recreates it after
+    /// `failures_before_restart` failed checks outside the boot grace.
+    pub fn tick<S: XenStore, X: Xl>(
+        &mut self,
+        store: &S,
+        xl: &X,
+        cfg: &Config,
+        secret: Option<&[u8]>,
+    ) {
+        if !cfg.proxy.domain.is_empty() {
+            let Some(domid) = self.ensure_running(xl, cfg) else {
+                self.status.domid = None;
+                self.status.healthy = false;
+                return;
+            };
+            self.status.domid = Some(domid);
+            if let Some(gpu) = cfg.proxy.gpu {
+                match xl.pci_list(domid) {
+                    Ok(l) if l.contains(&gpu) => {}
+                    Ok(_) => {
+                        let r = xl
+                            .pci_assignable_add(gpu, false)
+                            .and_then(|()| xl.pci_attach(domid, gpu));
+                        match r {
+                            Ok(()) => log::info!("proxy: GPU {gpu} attached"),
+                            Err(e) => self.error(format!("cannot attach its GPU {gpu}: {e}")),
+                        }
+                    }
+                    Err(e) => self.error(e.to_string()),
+                }
+            }
+            if let Some(secret) = secret {
+                let map = Self::token_map(cfg, secret);
+                let proxy = u16::try_from(domid).unwrap_or(u16::MAX);
+                if let Err(e) = publish_tokens(store, proxy, &map) {
+                    self.error(format!("cannot publish the guests' tokens: {e}"));
+                }
+            }
+        }
+        if cfg.proxy.address.is_empty() {
+            return;
+        }
+        match (self.check)(
+            &cfg.proxy.address,
+            Duration::from_millis(cfg.proxy.health_timeout_ms),
+        ) {
+            Ok(()) => {
+                if !self.status.healthy {
+                    log::info!("proxy: crane-proxy answers at {}", cfg.proxy.address);
+                }
+                self.status.healthy = true;
+                self.status.last_error = None;
+                self.failures = 0;
+            }
+            Err(e) => {
+                self.status.healthy = false;
+                let booting = self
+                    .started
+                    .is_some_and(|t| t.elapsed() < Duration::from_millis(cfg.proxy.boot_grace_ms));
+                if booting {
+                    self.status.last_error = Some(format!("booting: {e}"));
+                    return;
+                }
+                self.failures += 1;
+                self.error(format!("health check {} failed: {e}", self.failures));
+                if !cfg.proxy.domain.is_empty()
+                    && self.failures >= cfg.proxy.failures_before_restart
+                    && let Some(domid) = self.status.domid
+                {
+                    log::warn!(
+                        "proxy: no answer {} times in a row; recreating domain {}",
+                        self.failures,
+                        cfg.proxy.domain
+                    );
+                    if let Err(e) = xl.destroy(domid) {
+                        self.error(format!("cannot destroy the unresponsive proxy: {e}"));
+                        return;
+                    }
+                    self.status.domid = self.start(xl, cfg);
+                }
+            }
+        }
+    }
+
+    fn ensure_running<X: Xl>(&mut self, xl: &X, cfg: &Config) -> Option<u32> {
+        let domid = match xl.domid(&cfg.proxy.domain) {
+            Ok(d) => d,
+            Err(e) => {
+                self.error(e.to_string());
+                return None;
+            }
+        };
+        let Some(domid) = domid else {
+            if self.started.is_some() {
+                log::warn!("proxy: domain {} is gone", cfg.proxy.domain);
+            }
+            return self.start(xl, cfg);
+        };
+        match xl.domain_info(domid) {
+            Ok(Some(i)) if i.state.is_alive() => {
+                if self.started.is_none() {
+                    // Running before craned started: no boot grace.
+                    self.started =
+                        Some(Instant::now() - Duration::from_millis(cfg.proxy.boot_grace_ms));
+                }
+                Some(domid)
+            }
+            Ok(_) => {
+                log::warn!(
+                    "proxy: domain {} (id {domid}) has shut down; recreating it",
+                    cfg.proxy.domain
+                );
+                if let Err(e) = xl.destroy(domid) {
+                    self.error(format!("cannot destroy the dead proxy: {e}"));
+                    return None;
+                }
+                self.start(xl, cfg)
+            }
+            Err(e) => {
+                self.error(e.to_string());
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{FakeXl, gpu};
+    use crane_libxl::DomainState;
+    use crane_xs::mem::MemStore;
+    use std::sync::{Arc, Mutex};
+
+    const SECRET: &[u8] = b"0123456789abcdef-shared";
+
+    fn config() -> Config {
+        let mut cfg = Config {
+            guests: vec!["g1".into()],
+            ..Config::default()
+        };
+        cfg.proxy.address = "tcp://10.77.0.2:7000".into();
+        cfg.proxy.domain = "proxy".into();
+        cfg.proxy.gpu = Some(gpu("0000:00:07.0"));
+        cfg.proxy.boot_grace_ms = 0;
+        cfg.proxy.failures_before_restart = 2;
+        cfg
+    }
+
+    /// A health check whose answer the test sets.
+    fn switch() -> (Arc<Mutex<bool>>, Box<HealthCheck>) {
+        let up = Arc::new(Mutex::new(true));
+        let u = up.clone();
+        (
+            up,
+            Box::new(move |_: &str, _| {
+                if *u.lock().unwrap() {
+                    Ok(())
+                } else {
+                    Err("connection refused".into())
+                }
+            }),
+        )
+    }
+
+    #[test]
+    fn creates_the_proxy_gives_it_its_gpu_and_tokens() {
+        let cfg = config();
+        let store = MemStore::new();
+        let dom0 = store.connect(0);
+        let xl = FakeXl::default();
+        xl.create_makes("proxy");
+        let (_up, check) = switch();
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        assert_eq!(xl.created(), std::slice::from_ref(&cfg.proxy.config));
+        let domid = xl.domid("proxy").unwrap().unwrap();
+        assert_eq!(xl.gpus_of(domid), [gpu("0000:00:07.0")]);
+        store.introduce(domid as u16);
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        let tokens = crane_xs::proxy::read_tokens(&store.connect(domid as u16)).unwrap();
+        assert_eq!(tokens["g1"], tokens::derive(SECRET, "g1", 1));
+        assert!(sup.status().healthy);
+        assert_eq!(sup.status().domid, Some(domid));
+        // Running and healthy: nothing is created again.
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        assert_eq!(xl.created().len(), 1);
+        assert_eq!(sup.status().restarts, 0);
+    }
+
+    #[test]
+    fn restarts_a_dead_or_silent_proxy() {
+        let cfg = config();
+        let store = MemStore::new();
+        let dom0 = store.connect(0);
+        let xl = FakeXl::default();
+        xl.add_domain("proxy", 4, &[gpu("0000:00:07.0")]);
+        xl.create_makes("proxy");
+        let (up, check) = switch();
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert!(xl.created().is_empty(), "it was running already");
+        // It crashed: destroyed and created again.
+        xl.set_state(4, DomainState::Shutdown);
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert_eq!(xl.destroyed(), [4]);
+        assert_eq!(xl.created().len(), 1);
+        assert_eq!(sup.status().restarts, 1);
+        // crane-proxy stops answering: after two failed checks, recreated.
+        *up.lock().unwrap() = false;
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert_eq!(xl.created().len(), 1);
+        assert!(!sup.status().healthy);
+        assert!(
+            sup.status()
+                .last_error
+                .as_deref()
+                .unwrap()
+                .contains("connection refused"),
+            "{:?}",
+            sup.status()
+        );
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert_eq!(xl.created().len(), 2);
+        assert_eq!(sup.status().restarts, 2);
+        *up.lock().unwrap() = true;
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert!(sup.status().healthy);
+    }
+
+    #[test]
+    fn the_boot_grace_keeps_a_booting_proxy() {
+        let mut cfg = config();
+        cfg.proxy.boot_grace_ms = 60_000;
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.create_makes("proxy");
+        let (up, check) = switch();
+        *up.lock().unwrap() = false;
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        for _ in 0..5 {
+            sup.tick(&store.connect(0), &xl, &cfg, None);
+        }
+        assert_eq!(xl.created().len(), 1);
+        assert!(
+            sup.status()
+                .last_error
+                .as_deref()
+                .unwrap()
+                .starts_with("booting")
+        );
+    }
+
+    #[test]
+    fn the_connect_check_tells_listening_from_not() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let addr = format!("tcp://127.0.0.1:{port}");
+        connect_check(&addr, Duration::from_secs(1)).unwrap();
+        drop(l);
+        let e = connect_check(&addr, Duration::from_secs(1)).unwrap_err();
+        assert!(e.contains("cannot connect"), "{e}");
+        assert!(connect_check("http://x", Duration::from_secs(1)).is_err());
+    }
+}

@@ -1,0 +1,284 @@
+//! craned's control socket (craned_control describes the protocol): one
+//! thread per connection (at most [`MAX_CONNECTIONS`] at once), a request
+//! line that must arrive within [`REQUEST_DEADLINE`], requests carried out
+//! one at a time, progress lines written as phases start. The supervision
+//! loop runs beside it on the same service. `status` does not wait behind a
+//! long migration: it answers from the last snapshot when the service is
+//! busy.
+
+use std::io::BufReader;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use crane_libxl::Xl;
+use crane_xs::XenStore;
+use craned_control::{Done, Progress, Reply, Request, Status, read_line, write_message};
+
+use crate::ratelimit::limited;
+use crate::service::{Service, process_alive};
+
+pub const MAX_CONNECTIONS: usize = 16;
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+/// How long `status` waits for a busy service before using the snapshot.
+const STATUS_WAIT: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {path}: {source}")]
+    Listen {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+struct Shared<S, X> {
+    service: Mutex<Service<S, X>>,
+    snapshot: Mutex<Option<Status>>,
+    connections: AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Binds the socket (mode 0600, a stale one replaced).
+pub fn bind(path: &Path) -> Result<UnixListener, ServerError> {
+    let err = |source| ServerError::Listen {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let l = UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(l)
+}
+
+/// Serves `listener` and runs the supervision loop every `tick` until the
+/// process ends.
+pub fn serve<S, X>(service: Service<S, X>, listener: UnixListener, tick: Duration)
+where
+    S: XenStore + Send + 'static,
+    X: Xl + Send + 'static,
+{
+    let shared = Arc::new(Shared {
+        service: Mutex::new(service),
+        snapshot: Mutex::new(None),
+        connections: AtomicUsize::new(0),
+    });
+    let ticker = shared.clone();
+    std::thread::spawn(move || {
+        loop {
+            {
+                let mut svc = lock(&ticker.service);
+                svc.tick(&process_alive);
+                *lock(&ticker.snapshot) = Some(svc.status());
+            }
+            std::thread::sleep(tick);
+        }
+    });
+    for conn in listener.incoming() {
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                limited!(log::Level::Warn, "control socket: accept failed: {e}");
+                continue;
+            }
+        };
+        if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            let mut s = stream;
+            let _ = write_message(
+                &mut s,
+                &Reply::Done(Done::failed("craned is serving too many connections")),
+            );
+            continue;
+        }
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            handle(&shared, stream);
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}
+
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .and_then(|c| u32::try_from(c.pid()).ok())
+}
+
+fn handle<S: XenStore, X: Xl>(shared: &Shared<S, X>, stream: UnixStream) {
+    let started = Instant::now();
+    let _ = stream.set_read_timeout(Some(REQUEST_DEADLINE));
+    let Ok(reader) = stream.try_clone() else {
+        return;
+    };
+    let mut w = stream;
+    let req = match read_line(&mut BufReader::new(reader)) {
+        Ok(Some(line)) => {
+            serde_json::from_str::<Request>(&line).map_err(|e| format!("not a valid request: {e}"))
+        }
+        Ok(None) => return,
+        Err(e) => Err(e.to_string()),
+    };
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => {
+            limited!(log::Level::Warn, "control socket: {e}");
+            let _ = write_message(&mut w, &Reply::Done(Done::failed(e)));
+            return;
+        }
+    };
+    let owner = peer_pid(&w);
+    let mut done = if req == Request::Status {
+        status(shared)
+    } else {
+        log::info!("control: {} from pid {owner:?}", req.name());
+        let mut svc = lock(&shared.service);
+        let mut out = w.try_clone().ok();
+        let mut progress = |phase: &str, detail: Option<String>| {
+            if let Some(o) = out.as_mut() {
+                let p = Progress {
+                    phase: phase.to_string(),
+                    elapsed_ms: started.elapsed().as_millis() as u64,
+                    bytes: None,
+                    detail,
+                };
+                // A client that went away does not stop the operation.
+                if write_message(o, &Reply::Progress(p)).is_err() {
+                    out = None;
+                }
+            }
+        };
+        let done = svc.handle(&req, owner, &mut progress);
+        *lock(&shared.snapshot) = Some(svc.status());
+        done
+    };
+    done.ms = started.elapsed().as_millis() as u64;
+    let _ = write_message(&mut w, &Reply::Done(done));
+}
+
+fn status<S: XenStore, X: Xl>(shared: &Shared<S, X>) -> Done {
+    let until = Instant::now() + STATUS_WAIT;
+    loop {
+        match shared.service.try_lock() {
+            Ok(svc) => {
+                return Done {
+                    status: Some(svc.status()),
+                    ..Done::ok()
+                };
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                return Done {
+                    status: Some(p.into_inner().status()),
+                    ..Done::ok()
+                };
+            }
+            Err(TryLockError::WouldBlock) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(TryLockError::WouldBlock) => {
+                return match lock(&shared.snapshot).clone() {
+                    Some(s) => Done {
+                        status: Some(s),
+                        error: Some("craned is busy; this status is from before".into()),
+                        ..Done::ok()
+                    },
+                    None => Done::failed("craned is busy and has no status yet"),
+                };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::testing::{FakeAgent, FakeXl, OnMigrate, gpu};
+    use crane_xs::mem::MemStore;
+    use crane_xs::message::GuestState;
+    use craned_control::{Mode, call};
+    use std::io::Write;
+
+    #[test]
+    fn the_socket_serves_requests_with_progress_and_refuses_garbage() {
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.add_domain("g1", 3, &[gpu("0000:00:05.0")]);
+        store.introduce(3);
+        let agent = FakeAgent::start(&store, 3, GuestState::Passthrough, OnMigrate::Detach);
+        let mut cfg = Config {
+            guests: vec!["g1".into()],
+            ..Config::default()
+        };
+        cfg.gpus.pool = vec![gpu("0000:00:05.0")];
+        let svc = Service::new(
+            cfg,
+            store.connect(0),
+            xl.clone(),
+            None,
+            Box::new(|_: &str, _| Ok(())),
+        );
+        let dir = std::env::temp_dir().join(format!("craned-server-{}", std::process::id()));
+        let path = dir.join("craned.sock");
+        let listener = bind(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50)));
+
+        let mut phases = Vec::new();
+        let req = Request::PreMigrate {
+            guest: "g1".into(),
+            dest: "host1".into(),
+            mode: Mode::StopAndCopy,
+        };
+        let done = call(&path, &req, Duration::from_secs(10), |p| {
+            phases.push(p.phase.clone())
+        })
+        .unwrap();
+        assert!(done.ok, "{done:?}");
+        assert!(
+            phases.ends_with(&["prepare-migrate".into(), "detach".into()]),
+            "{phases:?}"
+        );
+        assert!(xl.gpus_of(3).is_empty());
+        let st = call(&path, &Request::Status, Duration::from_secs(5), |_| {})
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(st.guests[0].migration.as_deref(), Some("detached"));
+        // This test process asked, and lives: the ticks leave it detached.
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(xl.gpus_of(3).is_empty());
+        let done = call(
+            &path,
+            &Request::PostMigrateFailed { guest: "g1".into() },
+            Duration::from_secs(10),
+            |_| {},
+        )
+        .unwrap();
+        assert!(done.ok, "{done:?}");
+        assert_eq!(xl.gpus_of(3), [gpu("0000:00:05.0")]);
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+
+        let mut raw = UnixStream::connect(&path).unwrap();
+        raw.write_all(b"{\"cmd\":\"explode\"}\n").unwrap();
+        let line = read_line(&mut BufReader::new(raw)).unwrap().unwrap();
+        assert!(line.contains("not a valid request"), "{line}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

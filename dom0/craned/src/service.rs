@@ -1,0 +1,407 @@
+//! The state behind craned's control socket: the configuration, XenStore,
+//! the toolstack, the token secret and the proxy supervisor, and what each
+//! control request does with them (the choreography itself is
+//! crate::migrate). The server serialises requests and supervision ticks.
+
+use std::collections::BTreeMap;
+
+use crane_libxl::{PciAddr, Xl};
+use crane_xs::XenStore;
+use crane_xs::dom0::GuestChannel;
+use crane_xs::layout::{PROTOCOL, absolute};
+use craned_control::{Domain, Done, GpuStatus, GuestStatus, Request, Status};
+
+use crate::config::Config;
+use crate::journal;
+use crate::migrate::{Attached, MigrateError, Migration, Recovered};
+use crate::proxy::{HealthCheck, ProxySupervisor};
+use crate::ratelimit::limited;
+
+pub struct Service<S, X> {
+    cfg: Config,
+    store: S,
+    xl: X,
+    secret: Option<Vec<u8>>,
+    proxy: ProxySupervisor,
+    /// Each guest's last outcome, for `crane status`.
+    last: BTreeMap<String, String>,
+}
+
+/// Whether process `pid` still exists.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
+}
+
+impl<S: XenStore, X: Xl> Service<S, X> {
+    pub fn new(
+        cfg: Config,
+        store: S,
+        xl: X,
+        secret: Option<Vec<u8>>,
+        check: Box<HealthCheck>,
+    ) -> Self {
+        let proxy = ProxySupervisor::new(&cfg, check);
+        Service {
+            cfg,
+            store,
+            xl,
+            secret,
+            proxy,
+            last: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn note(&mut self, guest: &str, what: String) {
+        self.last.insert(guest.to_string(), what);
+    }
+
+    /// Carries out one control request. `owner` is the requesting process
+    /// (from the socket's credentials); `progress` hears each phase.
+    pub fn handle(
+        &mut self,
+        req: &Request,
+        owner: Option<u32>,
+        progress: &mut dyn FnMut(&str, Option<String>),
+    ) -> Done {
+        let (result, guest) = {
+            let mut m = Migration {
+                store: &self.store,
+                xl: &self.xl,
+                cfg: &self.cfg,
+                secret: self.secret.as_deref(),
+                progress,
+            };
+            match req {
+                Request::PreMigrate { guest, dest, mode } => (
+                    m.pre_migrate(guest, dest, *mode, owner).map(|d| {
+                        let mut done = Done::ok();
+                        done.gpu = d.gpus.first().map(PciAddr::to_string);
+                        (done, format!("detached for {} to {dest}", mode.as_str()))
+                    }),
+                    guest.clone(),
+                ),
+                Request::Migrated { guest } => (
+                    m.migrated(guest).map(|dest| {
+                        let to = dest.unwrap_or_else(|| "elsewhere".into());
+                        (Done::ok(), format!("left for {to}"))
+                    }),
+                    guest.clone(),
+                ),
+                Request::PostMigrateFailed { guest } => {
+                    (m.roll_back(guest).map(attached), guest.clone())
+                }
+                Request::Receive { guest } => (m.receive(guest).map(attached), guest.clone()),
+                Request::CheckReceive => {
+                    return match m.check_receive() {
+                        Ok(()) => Done::ok(),
+                        Err(e) => Done::failed(e.to_string()),
+                    };
+                }
+                Request::Domains => {
+                    return match self.xl.domains() {
+                        Ok(list) => Done {
+                            domains: Some(
+                                list.into_iter()
+                                    .map(|d| Domain {
+                                        domid: d.domid,
+                                        name: d.name,
+                                    })
+                                    .collect(),
+                            ),
+                            ..Done::ok()
+                        },
+                        Err(e) => Done::failed(e.to_string()),
+                    };
+                }
+                Request::Status => {
+                    return Done {
+                        status: Some(self.status()),
+                        ..Done::ok()
+                    };
+                }
+            }
+        };
+        match result {
+            Ok((done, what)) => {
+                log::info!("{guest}: {} done: {what}", req.name());
+                self.note(&guest, format!("{}: {what}", req.name()));
+                done
+            }
+            Err(MigrateError::NotManaged(g)) => {
+                log::debug!("{g} is not managed; {} ignored", req.name());
+                Done {
+                    managed: Some(false),
+                    ..Done::ok()
+                }
+            }
+            Err(e) => {
+                log::warn!("{guest}: {} failed: {e}", req.name());
+                self.note(&guest, format!("{} failed: {e}", req.name()));
+                Done::failed(e.to_string())
+            }
+        }
+    }
+
+    /// One supervision period: the proxy, the keys of guests that started
+    /// meanwhile, and unfinished journal entries.
+    pub fn tick(&mut self, owner_alive: &dyn Fn(u32) -> bool) {
+        self.proxy
+            .tick(&self.store, &self.xl, &self.cfg, self.secret.as_deref());
+        self.set_up_guests();
+        let mut quiet = |_: &str, _: Option<String>| {};
+        let mut m = Migration {
+            store: &self.store,
+            xl: &self.xl,
+            cfg: &self.cfg,
+            secret: self.secret.as_deref(),
+            progress: &mut quiet,
+        };
+        let recovered = match m.recover(owner_alive) {
+            Ok(r) => r,
+            Err(e) => {
+                log::error!("cannot read the migration journal: {e}");
+                return;
+            }
+        };
+        for (guest, r) in recovered {
+            let what = match r {
+                Recovered::Left | Recovered::Received(Ok(Attached::Waiting)) => continue,
+                Recovered::Departed => "left this host".to_string(),
+                Recovered::RolledBack(Ok(_)) => "rolled back after an interruption".to_string(),
+                Recovered::Received(Ok(_)) => "received after waiting".to_string(),
+                Recovered::RolledBack(Err(e)) | Recovered::Received(Err(e)) => {
+                    limited!(log::Level::Warn, "{guest}: recovery: {e}");
+                    format!("recovery failed: {e}")
+                }
+            };
+            log::info!("{guest}: {what}");
+            self.note(&guest, what);
+        }
+    }
+
+    /// Gives every running managed guest its crane keys (the agent waits for
+    /// them), once per domain.
+    fn set_up_guests(&mut self) {
+        for g in self.cfg.guests.clone() {
+            let Ok(Some(domid)) = self.xl.domid(&g) else {
+                continue;
+            };
+            let Ok(domid) = u16::try_from(domid) else {
+                continue;
+            };
+            if matches!(self.store.read(&absolute(domid, PROTOCOL)), Ok(Some(_))) {
+                continue;
+            }
+            match GuestChannel::new(&self.store, domid).setup() {
+                Ok(()) => log::info!("{g} (domain {domid}): crane keys set up"),
+                Err(e) => limited!(log::Level::Warn, "{g}: cannot set up its keys: {e}"),
+            }
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        let mut holders = BTreeMap::new();
+        let domains = self.xl.domains().unwrap_or_default();
+        for d in &domains {
+            if d.domid != 0 {
+                for gpu in self.xl.pci_list(d.domid).unwrap_or_default() {
+                    holders.insert(gpu, d.name.clone());
+                }
+            }
+        }
+        let assignable = self.xl.pci_assignable_list().unwrap_or_default();
+        let mut gpus: Vec<GpuStatus> = self
+            .cfg
+            .pool()
+            .iter()
+            .map(|g| (g, "pool"))
+            .chain(self.cfg.proxy.gpu.iter().map(|g| (g, "proxy")))
+            .map(|(g, role)| GpuStatus {
+                bdf: g.to_string(),
+                role: role.into(),
+                holder: holders.get(g).cloned(),
+                assignable: assignable.contains(g),
+            })
+            .collect();
+        gpus.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+        let guests = self
+            .cfg
+            .guests
+            .iter()
+            .map(|g| {
+                let domid = domains.iter().find(|d| &d.name == g).map(|d| d.domid);
+                GuestStatus {
+                    name: g.clone(),
+                    domid,
+                    gpus: holders
+                        .iter()
+                        .filter(|(_, h)| *h == g)
+                        .map(|(b, _)| b.to_string())
+                        .collect(),
+                    migration: journal::load(&self.store, g)
+                        .ok()
+                        .flatten()
+                        .map(|e| e.phase.as_str().to_string()),
+                    last: self.last.get(g).cloned(),
+                }
+            })
+            .collect();
+        let proxy = (!self.cfg.proxy.address.is_empty() || !self.cfg.proxy.domain.is_empty())
+            .then(|| self.proxy.status().clone());
+        Status {
+            guests,
+            gpus,
+            proxy,
+        }
+    }
+}
+
+fn attached(a: Attached) -> (Done, String) {
+    match a {
+        Attached::Resumed(gpu) => (
+            Done {
+                gpu: gpu.map(|g| g.to_string()),
+                ..Done::ok()
+            },
+            match gpu {
+                Some(g) => format!("running on GPU {g}"),
+                None => "resumed (no GPU to give back)".into(),
+            },
+        ),
+        Attached::Waiting => (
+            Done {
+                waiting: Some(true),
+                ..Done::ok()
+            },
+            "waiting for a free GPU (processes stay on the proxy)".into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{FakeAgent, FakeXl, OnMigrate, gpu};
+    use crane_xs::XsData;
+    use crane_xs::mem::{MemConn, MemStore};
+    use crane_xs::message::GuestState;
+    use craned_control::Mode;
+
+    fn service(store: &MemStore, xl: &FakeXl) -> Service<MemConn, FakeXl> {
+        let mut cfg = Config {
+            guests: vec!["g1".into()],
+            ..Config::default()
+        };
+        cfg.gpus.pool = vec![gpu("0000:00:05.0")];
+        cfg.agent_timeout_ms = 3_000;
+        Service::new(
+            cfg,
+            store.connect(0),
+            xl.clone(),
+            None,
+            Box::new(|_: &str, _| Ok(())),
+        )
+    }
+
+    #[test]
+    fn requests_report_outcomes_and_status_shows_them() {
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.add_domain("g1", 3, &[gpu("0000:00:05.0")]);
+        xl.add_domain("other", 4, &[]);
+        store.introduce(3);
+        let agent = FakeAgent::start(&store, 3, GuestState::Passthrough, OnMigrate::Detach);
+        let mut svc = service(&store, &xl);
+        // The tick gives the running guest its keys; the agent publishes.
+        svc.tick(&|_| false);
+        assert!(
+            store
+                .connect(0)
+                .read("/local/domain/3/crane/protocol")
+                .unwrap()
+                .is_some()
+        );
+
+        let mut phases = Vec::new();
+        let req = Request::PreMigrate {
+            guest: "g1".into(),
+            dest: "host1".into(),
+            mode: Mode::StopAndCopy,
+        };
+        let done = svc.handle(&req, Some(std::process::id()), &mut |p, _| {
+            phases.push(p.to_string())
+        });
+        assert!(done.ok, "{done:?}");
+        assert_eq!(done.gpu.as_deref(), Some("0000:00:05.0"));
+        assert!(phases.contains(&"detach".to_string()), "{phases:?}");
+        let st = svc.status();
+        assert_eq!(st.guests[0].migration.as_deref(), Some("detached"));
+        assert!(st.gpus[0].holder.is_none() && st.gpus[0].assignable);
+        // The requester is alive, so the tick leaves the migration alone.
+        svc.tick(&|pid| pid == std::process::id());
+        assert_eq!(
+            svc.status().guests[0].migration.as_deref(),
+            Some("detached")
+        );
+
+        let done = svc.handle(
+            &Request::PostMigrateFailed { guest: "g1".into() },
+            None,
+            &mut |_, _| {},
+        );
+        assert!(done.ok, "{done:?}");
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+        let st = svc.status();
+        assert_eq!(st.guests[0].gpus, ["0000:00:05.0"]);
+        assert!(
+            st.guests[0]
+                .last
+                .as_deref()
+                .unwrap()
+                .contains("running on GPU")
+        );
+
+        // An unmanaged domain passes through; domains are listed.
+        let done = svc.handle(
+            &Request::PreMigrate {
+                guest: "other".into(),
+                dest: "h".into(),
+                mode: Mode::Remote,
+            },
+            None,
+            &mut |_, _| {},
+        );
+        assert_eq!((done.ok, done.managed), (true, Some(false)));
+        let done = svc.handle(&Request::Domains, None, &mut |_, _| {});
+        let names: Vec<String> = done.domains.unwrap().into_iter().map(|d| d.name).collect();
+        assert_eq!(names, ["Domain-0", "g1", "other"]);
+        // Remote mode without a secret is refused with the reason.
+        let done = svc.handle(
+            &Request::PreMigrate {
+                guest: "g1".into(),
+                dest: "h".into(),
+                mode: Mode::Remote,
+            },
+            None,
+            &mut |_, _| {},
+        );
+        assert!(!done.ok);
+        assert!(done.error.unwrap().contains("proxy.address"));
+    }
+
+    #[test]
+    fn process_liveness() {
+        assert!(process_alive(std::process::id()));
+        assert!(!process_alive(u32::MAX));
+    }
+}

@@ -1,0 +1,81 @@
+//! Fault injection for the tests that prove a panic inside crane becomes an
+//! OpenCL error code (cargo feature `fault-injection`, off by default: without
+//! it every function here is empty and inlined away).
+//!
+//! `CRANE_FAULT_PANIC=clCreateBuffer,event_trampoline` makes the first call of
+//! each named entry point (or callback trampoline) panic inside its
+//! `catch_unwind`; later calls run normally.
+
+/// A named place that may be made to panic.
+#[inline(always)]
+pub fn point(_name: &str) {
+    #[cfg(feature = "fault-injection")]
+    armed::hit(_name);
+}
+
+/// The fault point of the entry point whose body is the closure type `F`.
+#[inline(always)]
+pub fn entry<F>() {
+    #[cfg(feature = "fault-injection")]
+    armed::hit(armed::entry_name(std::any::type_name::<F>()));
+}
+
+#[cfg(feature = "fault-injection")]
+mod armed {
+    use std::sync::{Mutex, OnceLock};
+
+    fn armed() -> &'static Mutex<Vec<String>> {
+        static ARMED: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+        ARMED.get_or_init(|| {
+            let names = std::env::var("CRANE_FAULT_PANIC").unwrap_or_default();
+            Mutex::new(
+                names
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(String::from)
+                    .collect(),
+            )
+        })
+    }
+
+    /// The entry point a body closure belongs to: its type is named
+    /// `crane_opencl::api::<family>::<entry point>::{{closure}}`.
+    pub fn entry_name(closure_type: &str) -> &str {
+        closure_type
+            .rsplit("::")
+            .find(|s| s.starts_with("cl"))
+            .unwrap_or(closure_type)
+    }
+
+    pub fn hit(name: &str) {
+        let fire = {
+            let mut a = armed().lock().unwrap_or_else(|e| e.into_inner());
+            match a.iter().position(|n| n == name) {
+                Some(i) => {
+                    a.remove(i);
+                    true
+                }
+                None => false,
+            }
+        };
+        if fire {
+            panic!("fault injected into {name} (CRANE_FAULT_PANIC)");
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn entry_name_is_the_entry_point() {
+            assert_eq!(
+                super::entry_name("crane_opencl::api::memory::clCreateBuffer::{{closure}}"),
+                "clCreateBuffer"
+            );
+            assert_eq!(
+                super::entry_name("crane_opencl::api::clRetainContext::{{closure}}"),
+                "clRetainContext"
+            );
+        }
+    }
+}

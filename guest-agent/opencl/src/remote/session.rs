@@ -1,0 +1,769 @@
+//! One connection to crane-proxy: batching posted calls, sending bulk data
+//! without copies, and a reader thread that hands answers to the threads
+//! waiting for them (or lands the data of non-blocking reads in application
+//! memory itself).
+
+use std::collections::{HashMap, HashSet};
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{JoinHandle, Thread};
+use std::time::Duration;
+
+use crane_wire::{Answer, Call, Header, Limits, VERSION_MAJOR, VERSION_MINOR, WireError};
+use opencl_sys::*;
+
+use super::RObj;
+use crate::config::{debug, warn};
+
+/// What every call returns once the proxy is gone. CL_OUT_OF_RESOURCES is the
+/// code OpenCL gives for "the implementation could not allocate resources on
+/// the device", the closest to "the device went away".
+pub const GONE: cl_int = CL_OUT_OF_RESOURCES;
+
+/// Posted calls whose payload is at most this big are copied into the batch;
+/// bigger payloads are written straight from application memory.
+const COPY_LIMIT: usize = 64 << 10;
+
+/// The batch is sent when it grows past this, even without a synchronising
+/// call.
+const BATCH_LIMIT: usize = 256 << 10;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn connect(addr: &str, timeout: Duration) -> std::io::Result<Stream> {
+        if let Some(path) = addr.strip_prefix("unix:") {
+            return Ok(Stream::Unix(UnixStream::connect(path)?));
+        }
+        let hostport = addr.strip_prefix("tcp://").unwrap_or(addr);
+        let mut last = None;
+        for sa in hostport.to_socket_addrs()? {
+            match TcpStream::connect_timeout(&sa, timeout) {
+                Ok(s) => {
+                    s.set_nodelay(true)?;
+                    keepalive(&s);
+                    return Ok(Stream::Tcp(s));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
+    }
+
+    fn try_clone(&self) -> std::io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+/// A dead peer (a proxy domain destroyed without closing its sockets) is
+/// noticed within about four seconds.
+fn keepalive(s: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(1))
+        .with_interval(Duration::from_secs(1))
+        .with_retries(3);
+    if let Err(e) = socket2::SockRef::from(s).set_tcp_keepalive(&ka) {
+        debug!("cannot set TCP keepalive: {e}");
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes `a` then `b` with as few system calls as the kernel allows.
+fn write_two(w: &mut Stream, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+    while !a.is_empty() || !b.is_empty() {
+        let n = w.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    Ok(())
+}
+
+/// Lays out received data (for rectangular reads).
+pub type Scatterer = Box<dyn FnOnce(&[u8]) + Send>;
+/// Work for the callback thread.
+type Job = Box<dyn FnOnce() + Send>;
+/// An event callback waiting for the proxy's report, given the status.
+type StatusCallback = Box<dyn FnOnce(cl_int) + Send>;
+
+/// Application memory the reader thread writes a read's data into.
+pub enum Dest {
+    /// Keep the data in the answer.
+    Keep,
+    /// Exactly this many bytes at this address.
+    Memory(*mut u8, usize),
+    /// Data laid out by a function (rectangular reads).
+    Scatter(Scatterer),
+}
+
+// SAFETY: the memory belongs to the application, which OpenCL obliges to keep
+// it valid until the read completes; only the reader thread writes it.
+unsafe impl Send for Dest {}
+
+struct Slot {
+    dest: Dest,
+    /// The thread waiting for the answer (none for a non-blocking read).
+    waiter: Option<Thread>,
+    answer: Option<(Answer, Vec<u8>)>,
+    /// Events counting this read as pending until it lands.
+    landing: Vec<Arc<RObj>>,
+    /// The queue and ticket of this read.
+    ticket: Option<(Arc<RObj>, u64)>,
+}
+
+struct State {
+    slots: HashMap<u64, Slot>,
+    dead: Option<String>,
+    /// Posted calls the proxy reported as failed, not yet returned.
+    failed: Vec<(u64, cl_int)>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled whenever a read lands or the session dies.
+    landed: Condvar,
+    callbacks: Mutex<HashMap<u64, StatusCallback>>,
+    cb_tx: Mutex<Option<Sender<Job>>>,
+    failures_logged: AtomicU32,
+}
+
+struct Out {
+    w: Stream,
+    batch: Vec<u8>,
+    seq: u64,
+}
+
+pub struct Session {
+    pub addr: String,
+    pub limits: Limits,
+    out: Mutex<Out>,
+    shared: Arc<Shared>,
+    reader: Mutex<Option<JoinHandle<()>>>,
+    cb_thread: Mutex<Option<JoinHandle<()>>>,
+    next_id: AtomicU64,
+    next_cookie: AtomicU64,
+    /// Addresses of the session's live objects, to tell an object argument
+    /// of clSetKernelArg from plain bytes.
+    pub live: Mutex<HashSet<usize>>,
+    closed: AtomicBool,
+    /// Bytes of bulk data sent and received, for transition reports.
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+}
+
+/// How long connecting and the handshake may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Session {
+    /// Connects and authenticates.
+    pub fn open(addr: &str, token: &str) -> Result<Arc<Session>, String> {
+        let mut w = Stream::connect(addr, CONNECT_TIMEOUT)
+            .map_err(|e| format!("cannot connect to crane-proxy at {addr}: {e}"))?;
+        let client = format!(
+            "{}[{}]",
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+                .unwrap_or_default(),
+            std::process::id()
+        );
+        let mut buf = Vec::new();
+        let hello = Call::Hello {
+            major: VERSION_MAJOR,
+            minor: VERSION_MINOR,
+            token: token.to_string(),
+            client,
+        };
+        crane_wire::encode(&mut buf, 1, &hello, 0).map_err(|e| e.to_string())?;
+        w.write_all(&buf)
+            .map_err(|e| format!("crane-proxy at {addr}: {e}"))?;
+        w.set_read_timeout(Some(CONNECT_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        let mut body = Vec::new();
+        let h = crane_wire::read_frame(&mut w, 0, &mut body)
+            .map_err(|e| format!("crane-proxy at {addr} did not greet: {e}"))?
+            .ok_or_else(|| format!("crane-proxy at {addr} closed the connection"))?;
+        let limits = match crane_wire::decode::<Answer>(&body) {
+            Ok(Answer::Welcome { major, limits, .. }) if major == VERSION_MAJOR && h.seq == 1 => {
+                limits
+            }
+            Ok(Answer::Welcome { major, minor, .. }) => {
+                return Err(format!(
+                    "crane-proxy at {addr} speaks protocol {major}.{minor}, this library {VERSION_MAJOR}.{VERSION_MINOR}"
+                ));
+            }
+            Ok(Answer::Goodbye { reason }) => {
+                return Err(format!(
+                    "crane-proxy at {addr} refused the session: {reason}"
+                ));
+            }
+            Ok(a) => return Err(format!("crane-proxy at {addr} answered {a:?} to Hello")),
+            Err(e) => return Err(format!("crane-proxy at {addr}: {e}")),
+        };
+        w.set_read_timeout(None).map_err(|e| e.to_string())?;
+        let r = w.try_clone().map_err(|e| e.to_string())?;
+        let (cb_tx, cb_rx) = channel::<Job>();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                slots: HashMap::new(),
+                dead: None,
+                failed: Vec::new(),
+            }),
+            landed: Condvar::new(),
+            callbacks: Mutex::new(HashMap::new()),
+            cb_tx: Mutex::new(Some(cb_tx)),
+            failures_logged: AtomicU32::new(0),
+        });
+        let cb_thread = std::thread::Builder::new()
+            .name("crane-remote-cb".into())
+            .spawn(move || {
+                for f in cb_rx {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+                        warn!("an OpenCL callback panicked");
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let s = Arc::new(Session {
+            addr: addr.to_string(),
+            limits,
+            out: Mutex::new(Out {
+                w,
+                batch: Vec::with_capacity(BATCH_LIMIT),
+                seq: 1,
+            }),
+            shared: shared.clone(),
+            reader: Mutex::new(None),
+            cb_thread: Mutex::new(Some(cb_thread)),
+            next_id: AtomicU64::new(1),
+            next_cookie: AtomicU64::new(1),
+            live: Mutex::new(HashSet::new()),
+            closed: AtomicBool::new(false),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+        });
+        let weak = Arc::downgrade(&s);
+        let max_payload = limits.max_payload;
+        let reader = std::thread::Builder::new()
+            .name("crane-remote".into())
+            .spawn(move || reader_loop(r, shared, weak, max_payload))
+            .map_err(|e| e.to_string())?;
+        *lock(&s.reader) = Some(reader);
+        debug!("connected to crane-proxy at {addr}: {limits:?}");
+        Ok(s)
+    }
+
+    pub fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn dead(&self) -> Option<String> {
+        lock(&self.shared.state).dead.clone()
+    }
+
+    fn check_alive(&self) -> Result<(), cl_int> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(GONE);
+        }
+        match &lock(&self.shared.state).dead {
+            Some(_) => Err(GONE),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends a call to the batch (payload copied, or sent at once straight
+    /// from `payload` when large). Returns the call's sequence number.
+    fn enqueue(
+        &self,
+        o: &mut Out,
+        call: &Call,
+        payload: &[u8],
+        flush: bool,
+    ) -> Result<u64, cl_int> {
+        o.seq += 1;
+        let seq = o.seq;
+        if let Err(e) = crane_wire::encode(&mut o.batch, seq, call, payload.len() as u64) {
+            warn!("cannot encode {}: {e}", call.name());
+            return Err(CL_INVALID_VALUE);
+        }
+        self.sent.fetch_add(payload.len() as u64, Ordering::Relaxed);
+        let r = if payload.len() > COPY_LIMIT {
+            let batch = std::mem::take(&mut o.batch);
+            let r = write_two(&mut o.w, &batch, payload);
+            o.batch = batch;
+            o.batch.clear();
+            r
+        } else {
+            o.batch.extend_from_slice(payload);
+            if flush || o.batch.len() >= BATCH_LIMIT {
+                let r = o.w.write_all(&o.batch);
+                o.batch.clear();
+                r
+            } else {
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            self.die(format!("sending to crane-proxy failed: {e}"));
+            return Err(GONE);
+        }
+        Ok(seq)
+    }
+
+    /// Sends a posted call; `flush` sends the batch now (for calls that may
+    /// release a waiter, such as setting a user event).
+    pub fn post(&self, call: &Call, payload: &[u8], flush: bool) -> Result<(), cl_int> {
+        self.check_alive()?;
+        let mut o = lock(&self.out);
+        if crate::config::get().remote_batch {
+            return self.enqueue(&mut o, call, payload, flush).map(|_| ());
+        }
+        // Unbatched (for comparison): wait for each call to be carried out.
+        self.enqueue(&mut o, call, payload, false)?;
+        drop(o);
+        self.call(&Call::Sync, &[], Dest::Keep).map(|_| ())
+    }
+
+    /// Sends whatever is batched.
+    pub fn flush(&self) -> Result<(), cl_int> {
+        self.check_alive()?;
+        let mut guard = lock(&self.out);
+        let o = &mut *guard;
+        if o.batch.is_empty() {
+            return Ok(());
+        }
+        let r = o.w.write_all(&o.batch);
+        o.batch.clear();
+        if let Err(e) = r {
+            drop(guard);
+            self.die(format!("sending to crane-proxy failed: {e}"));
+            return Err(GONE);
+        }
+        Ok(())
+    }
+
+    fn send_with_slot(&self, call: &Call, payload: &[u8], slot: Slot) -> Result<u64, cl_int> {
+        self.check_alive()?;
+        let mut o = lock(&self.out);
+        let seq = o.seq + 1;
+        lock(&self.shared.state).slots.insert(seq, slot);
+        match self.enqueue(&mut o, call, payload, true) {
+            Ok(s) => {
+                debug_assert_eq!(s, seq);
+                Ok(seq)
+            }
+            Err(e) => {
+                lock(&self.shared.state).slots.remove(&seq);
+                Err(e)
+            }
+        }
+    }
+
+    /// Sends a call the proxy answers and waits for the answer.
+    pub fn call(
+        &self,
+        call: &Call,
+        payload: &[u8],
+        dest: Dest,
+    ) -> Result<(Answer, Vec<u8>), cl_int> {
+        let slot = Slot {
+            dest,
+            waiter: Some(std::thread::current()),
+            answer: None,
+            landing: Vec::new(),
+            ticket: None,
+        };
+        let seq = self.send_with_slot(call, payload, slot)?;
+        loop {
+            {
+                let mut st = lock(&self.shared.state);
+                if let Some(slot) = st.slots.get_mut(&seq) {
+                    if let Some(a) = slot.answer.take() {
+                        st.slots.remove(&seq);
+                        return Ok(a);
+                    }
+                    if st.dead.is_some() {
+                        st.slots.remove(&seq);
+                        return Err(GONE);
+                    }
+                } else {
+                    return Err(GONE);
+                }
+            }
+            std::thread::park_timeout(Duration::from_millis(200));
+        }
+    }
+
+    /// Sends a read whose data the reader thread lands in `dest` when it
+    /// arrives. Until then `event` (if any) counts it as pending and `queue`
+    /// keeps `ticket` outstanding.
+    pub fn read_async(
+        &self,
+        call: &Call,
+        dest: Dest,
+        event: Option<Arc<RObj>>,
+        queue: Arc<RObj>,
+        ticket: u64,
+    ) -> Result<(), cl_int> {
+        if let Some(e) = &event {
+            e.pending.fetch_add(1, Ordering::AcqRel);
+        }
+        let slot = Slot {
+            dest,
+            waiter: None,
+            answer: None,
+            landing: event.clone().into_iter().collect(),
+            ticket: Some((queue.clone(), ticket)),
+        };
+        self.send_with_slot(call, &[], slot)
+            .map(|_| ())
+            .inspect_err(|_| {
+                if let Some(e) = &event {
+                    e.pending.fetch_sub(1, Ordering::AcqRel);
+                }
+                land_ticket(&queue, ticket);
+            })
+    }
+
+    /// Waits until `cond` no longer holds, or the session dies.
+    fn wait_while(&self, mut cond: impl FnMut() -> bool) -> Result<(), cl_int> {
+        let mut st = lock(&self.shared.state);
+        while cond() {
+            if st.dead.is_some() {
+                return Err(GONE);
+            }
+            st = self
+                .shared
+                .landed
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Waits until the read counted by event `o` has landed.
+    pub fn wait_landed(&self, o: &RObj) -> Result<(), cl_int> {
+        self.wait_while(|| o.pending.load(Ordering::Acquire) > 0)
+    }
+
+    /// Waits until every read enqueued on `queue` before `ticket` has landed.
+    pub fn wait_reads_before(&self, queue: &RObj, ticket: u64) -> Result<(), cl_int> {
+        self.wait_while(|| queue.reads_before(ticket))
+    }
+
+    /// Waits until event `e` is complete here too: its own read, and on an
+    /// in-order queue every read enqueued before its command, have landed.
+    pub fn wait_event_landed(&self, e: &RObj) -> Result<(), cl_int> {
+        self.wait_landed(e)?;
+        let after = e.after.lock().unwrap_or_else(|x| x.into_inner()).clone();
+        match after {
+            Some((q, t)) => self.wait_reads_before(&q, t),
+            None => Ok(()),
+        }
+    }
+
+    /// The first failure of a posted call since the last time, if any: what a
+    /// synchronising call returns when it succeeded itself.
+    pub fn take_failure(&self) -> Option<cl_int> {
+        let mut st = lock(&self.shared.state);
+        let first = st.failed.first().map(|f| f.1);
+        st.failed.clear();
+        first
+    }
+
+    /// Registers `f` to run (on the callback thread) when the proxy reports
+    /// `cookie`.
+    pub fn register_callback(&self, f: StatusCallback) -> u64 {
+        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
+        lock(&self.shared.callbacks).insert(cookie, f);
+        cookie
+    }
+
+    /// Runs `f` on the callback thread.
+    pub fn defer(&self, f: Job) {
+        if let Some(tx) = lock(&self.shared.cb_tx).as_ref() {
+            let _ = tx.send(f);
+        }
+    }
+
+    fn die(&self, why: String) {
+        die(&self.shared, why);
+    }
+
+    /// Ends the session: tells the proxy, which frees everything it holds for
+    /// it, and stops the threads.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let mut o = lock(&self.out);
+            if lock(&self.shared.state).dead.is_none() {
+                let _ = self.enqueue(&mut o, &Call::Bye, &[], true);
+            }
+            o.w.shutdown();
+        }
+        if let Some(r) = lock(&self.reader).take() {
+            let _ = r.join();
+        }
+        lock(&self.shared.cb_tx).take();
+        if let Some(t) = lock(&self.cb_thread).take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+    }
+}
+
+fn die(shared: &Shared, why: String) {
+    let mut st = lock(&shared.state);
+    if st.dead.is_none() {
+        warn!("{why}; OpenCL calls now fail with CL_OUT_OF_RESOURCES");
+        st.dead = Some(why);
+    }
+    for (_, slot) in st.slots.drain() {
+        if let Some(t) = &slot.waiter {
+            t.unpark();
+        }
+    }
+    drop(st);
+    shared.landed.notify_all();
+    let cbs: Vec<_> = lock(&shared.callbacks).drain().collect();
+    if let Some(tx) = lock(&shared.cb_tx).as_ref() {
+        for (_, f) in cbs {
+            let _ = tx.send(Box::new(move || f(GONE)));
+        }
+    }
+}
+
+fn reader_loop(
+    mut r: Stream,
+    shared: Arc<Shared>,
+    session: std::sync::Weak<Session>,
+    max_payload: u64,
+) {
+    let mut body = Vec::new();
+    let why = loop {
+        let h = match crane_wire::read_frame(&mut r, max_payload, &mut body) {
+            Ok(Some(h)) => h,
+            Ok(None) => break "crane-proxy closed the connection".to_string(),
+            Err(WireError::Io(e)) => break format!("the connection to crane-proxy failed: {e}"),
+            Err(e) => break format!("crane-proxy sent something that is not a frame: {e}"),
+        };
+        let answer = match crane_wire::decode::<Answer>(&body) {
+            Ok(a) => a,
+            Err(e) => break format!("crane-proxy sent an undecodable answer: {e}"),
+        };
+        if let Err(e) = handle(&mut r, &shared, &session, h, answer) {
+            break e;
+        }
+    };
+    let closing = session
+        .upgrade()
+        .is_none_or(|s| s.closed.load(Ordering::Acquire));
+    if closing {
+        let mut st = lock(&shared.state);
+        st.dead
+            .get_or_insert_with(|| "the session was closed".into());
+        drop(st);
+        die(&shared, String::new());
+    } else {
+        die(&shared, why);
+    }
+}
+
+fn handle(
+    r: &mut Stream,
+    shared: &Shared,
+    session: &std::sync::Weak<Session>,
+    h: Header,
+    answer: Answer,
+) -> Result<(), String> {
+    if h.seq == 0 {
+        match answer {
+            Answer::Failed { seq, status } => {
+                if shared.failures_logged.fetch_add(1, Ordering::Relaxed) < 20 {
+                    warn!("crane-proxy: posted call #{seq} failed with OpenCL error {status}");
+                }
+                let mut st = lock(&shared.state);
+                if st.failed.len() < 1024 {
+                    st.failed.push((seq, status));
+                }
+            }
+            Answer::EventFired { cookie, status } => {
+                if let Some(f) = lock(&shared.callbacks).remove(&cookie)
+                    && let Some(tx) = lock(&shared.cb_tx).as_ref()
+                {
+                    let _ = tx.send(Box::new(move || f(status)));
+                }
+            }
+            Answer::Goodbye { reason } => {
+                return Err(format!("crane-proxy ended the session: {reason}"));
+            }
+            a => return Err(format!("crane-proxy sent an unexpected {a:?}")),
+        }
+        skip(r, h.payload_len)?;
+        return Ok(());
+    }
+    // The slot stays registered while its data is read (its waiter checks it),
+    // but its destination is taken out so the lock is not held meanwhile.
+    let (dest, waiter, landing, ticket) = {
+        let mut st = lock(&shared.state);
+        let Some(slot) = st.slots.get_mut(&h.seq) else {
+            return Err(format!(
+                "crane-proxy answered call #{} that nobody waits for",
+                h.seq
+            ));
+        };
+        (
+            std::mem::replace(&mut slot.dest, Dest::Keep),
+            slot.waiter.clone(),
+            std::mem::take(&mut slot.landing),
+            slot.ticket.take(),
+        )
+    };
+    let n = h.payload_len as usize;
+    if let Some(s) = session.upgrade() {
+        s.received.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let mut kept = Vec::new();
+    let ok_data = matches!(answer, Answer::Data(CL_SUCCESS));
+    match dest {
+        Dest::Memory(p, len) if ok_data && len == n => {
+            // SAFETY: `p` is application memory of `len` bytes that OpenCL
+            // keeps valid until this read completes (see `Dest`).
+            let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
+            r.read_exact(buf)
+                .map_err(|e| format!("reading data from crane-proxy: {e}"))?;
+        }
+        Dest::Scatter(f) if ok_data => {
+            let mut v = vec![0u8; n];
+            r.read_exact(&mut v)
+                .map_err(|e| format!("reading data from crane-proxy: {e}"))?;
+            f(&v);
+        }
+        Dest::Keep => {
+            kept = vec![0u8; n];
+            r.read_exact(&mut kept)
+                .map_err(|e| format!("reading from crane-proxy: {e}"))?;
+        }
+        _ => {
+            if ok_data {
+                return Err(format!(
+                    "crane-proxy sent {n} bytes for a read of a different size (call #{})",
+                    h.seq
+                ));
+            }
+            skip(r, h.payload_len)?;
+        }
+    }
+    let mut st = lock(&shared.state);
+    if let Answer::Data(status) = answer
+        && status != CL_SUCCESS
+        && waiter.is_none()
+    {
+        // A non-blocking read failed: report it at the next synchronising call.
+        st.failed.push((h.seq, status));
+    }
+    for o in landing {
+        o.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+    if let Some((q, t)) = ticket {
+        land_ticket(&q, t);
+    }
+    match waiter {
+        Some(t) => {
+            // Gone if the session died meanwhile; the waiter has been told.
+            if let Some(slot) = st.slots.get_mut(&h.seq) {
+                slot.answer = Some((answer, kept));
+            }
+            drop(st);
+            t.unpark();
+        }
+        None => {
+            st.slots.remove(&h.seq);
+            drop(st);
+            shared.landed.notify_all();
+        }
+    }
+    Ok(())
+}
+
+fn land_ticket(queue: &RObj, ticket: u64) {
+    queue
+        .reads
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .outstanding
+        .remove(&ticket);
+}
+
+fn skip(r: &mut Stream, n: u64) -> Result<(), String> {
+    std::io::copy(&mut r.take(n), &mut std::io::sink())
+        .map_err(|e| format!("reading from crane-proxy: {e}"))
+        .and_then(|got| {
+            if got == n {
+                Ok(())
+            } else {
+                Err("crane-proxy closed the connection mid-frame".into())
+            }
+        })
+}

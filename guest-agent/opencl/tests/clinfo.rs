@@ -1,0 +1,125 @@
+//! Integration tier: `clinfo -a` (every property it knows, and the
+//! NULL-platform defaults) prints through crane, preloaded, as a drop-in
+//! libOpenCL.so.1 and installed as the ICD, what it prints natively, line for
+//! line, except for these differences, which `expected` applies to the native
+//! output and nothing else:
+//!
+//! 1. "Run native kernels" is "No": crane refuses clEnqueueNativeKernel (it
+//!    cannot rebuild what native kernels capture), so clGetDeviceInfo clears
+//!    CL_EXEC_NATIVE_KERNEL from CL_DEVICE_EXECUTION_CAPABILITIES.
+//! 2. Preloaded and as a drop-in, the "ICD loader properties" block is absent:
+//!    clinfo reads it through clGetICDLoaderInfoOCLICD, a function of the
+//!    ocl-icd loader that crane replaces there, and crane answers NULL for it
+//!    as for every extension function it does not wrap. As an ICD, ocl-icd is
+//!    the loader and answers as natively.
+
+use std::process::Command;
+
+mod common;
+use common::Mode;
+
+const NATIVE_KERNELS: &str = "Run native kernels";
+const LOADER_BLOCK: &str = "ICD loader properties";
+
+fn clinfo(mode: Option<&Mode>, run_dir: &std::path::Path) -> String {
+    let mut cmd = match mode {
+        Some(m) => m.command("clinfo"),
+        None => Command::new("clinfo"),
+    };
+    let out = cmd
+        .arg("-a")
+        .env("CRANE_RUN_DIR", run_dir)
+        .output()
+        .expect("run clinfo (Debian package clinfo)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "clinfo failed: {stderr}");
+    assert!(stderr.is_empty(), "clinfo wrote to stderr: {stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The native output with crane's documented differences applied.
+fn expected(native: &str, crane_is_the_loader: bool) -> String {
+    let mut out = Vec::new();
+    let mut lines = native.lines().peekable();
+    while let Some(line) = lines.next() {
+        if crane_is_the_loader
+            && line.is_empty()
+            && lines.peek().is_some_and(|l| *l == LOADER_BLOCK)
+        {
+            // The block runs to the end of the output or the next blank line.
+            lines.next();
+            while lines.peek().is_some_and(|l| !l.is_empty()) {
+                lines.next();
+            }
+            continue;
+        }
+        match line.strip_suffix("Yes") {
+            Some(head) if line.trim_start().starts_with(NATIVE_KERNELS) => {
+                out.push(format!("{head}No"));
+            }
+            _ => out.push(line.to_string()),
+        }
+    }
+    out.join("\n") + if native.ends_with('\n') { "\n" } else { "" }
+}
+
+fn compare(mode: &Mode, crane_is_the_loader: bool) {
+    let run_dir = common::scratch(&format!("clinfo-{}", mode.name));
+    let native = clinfo(None, &run_dir);
+    assert!(
+        native.contains("Number of platforms") && native.contains(NATIVE_KERNELS),
+        "unexpected native clinfo output:\n{native}"
+    );
+    let want = expected(&native, crane_is_the_loader);
+    let got = clinfo(Some(mode), &run_dir);
+    // It was crane that answered: it opened its control socket.
+    assert!(
+        run_dir.join("apps").exists(),
+        "crane did not run inside clinfo ({})",
+        mode.name
+    );
+    let _ = std::fs::remove_dir_all(&run_dir);
+    if got != want {
+        let first = want
+            .lines()
+            .zip(got.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(want.lines().count().min(got.lines().count()));
+        panic!(
+            "clinfo through crane ({}) differs from native at line {}:\n  native:   {:?}\n  crane:    {:?}",
+            mode.name,
+            first + 1,
+            want.lines().nth(first),
+            got.lines().nth(first)
+        );
+    }
+}
+
+#[test]
+fn clinfo_preload_matches_native() {
+    compare(&Mode::preload(), true);
+}
+
+#[test]
+fn clinfo_drop_in_matches_native() {
+    compare(&Mode::drop_in("clinfo"), true);
+}
+
+#[test]
+fn clinfo_icd_matches_native() {
+    compare(&Mode::icd("clinfo"), false);
+}
+
+/// The filter changes only what it documents.
+#[test]
+fn the_filter_touches_only_its_two_differences() {
+    let native = "Number of platforms 1\n  Device Name  cpu\n    Run native kernels   Yes\n  Max clock  2\n\nICD loader properties\n  ICD loader Name  OpenCL ICD Loader\n  ICD loader Version  2.3.1\n";
+    assert_eq!(
+        expected(native, false),
+        native.replace("kernels   Yes", "kernels   No")
+    );
+    assert_eq!(
+        expected(native, true),
+        "Number of platforms 1\n  Device Name  cpu\n    Run native kernels   No\n  Max clock  2\n"
+    );
+}

@@ -1,0 +1,352 @@
+//! Integration tier for remoting: the corpus under libcrane_opencl.so, moved
+//! between the local vendor library (PoCL) and a real crane-proxy process at
+//! random moments, must print exactly what an uninterrupted native run prints.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crane_control::{Mode, Request, call, socket_path};
+
+mod common;
+use common::{Rng, apps, built, finishes, library, native, result_line};
+
+/// A crane-proxy process for one test, killed when dropped.
+struct Proxy {
+    child: Child,
+    addr: String,
+    dir: PathBuf,
+}
+
+impl Proxy {
+    /// Starts a proxy that accepts the given tokens (token, tenant).
+    fn start(name: &str, tcp: bool, tokens: &[(&str, &str)]) -> Proxy {
+        let dir = std::env::temp_dir().join(format!("crane-proxy-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tf = dir.join("tokens");
+        let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        std::fs::write(&tf, lines.join("\n") + "\n").unwrap();
+        let addr = if tcp {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            format!("tcp://127.0.0.1:{port}")
+        } else {
+            format!("unix:{}", dir.join("proxy.sock").display())
+        };
+        let child = Command::new(built("crane-proxy", "crane-proxy"))
+            .args(["--listen", &addr, "--token-file"])
+            .arg(&tf)
+            .env("RUST_LOG", "warn")
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start crane-proxy");
+        let p = Proxy { child, addr, dir };
+        p.wait_ready();
+        p
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            let up = match self.addr.strip_prefix("unix:") {
+                Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+                None => {
+                    std::net::TcpStream::connect(self.addr.trim_start_matches("tcp://")).is_ok()
+                }
+            };
+            if up {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "crane-proxy did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_socket(sock: &std::path::Path) {
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no control socket appeared"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn remote(proxy: &str, token: &str) -> Request {
+    Request::Remote {
+        proxy: proxy.into(),
+        token: Some(token.into()),
+        deadline_ms: 20_000,
+    }
+}
+
+struct Switched {
+    result: String,
+    switches: usize,
+}
+
+/// Runs `app` under crane and moves it between local and remote at random
+/// moments (now and then through a plain suspend/resume too) until it exits.
+fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> Switched {
+    let run_dir = std::env::temp_dir().join(format!(
+        "crane-remote-{}-{app}-{seed:x}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&run_dir);
+    let child = Command::new(apps().join(app))
+        .args(["--iters", iters])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", &run_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(&run_dir, child.id());
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut rng = Rng(seed | 1);
+    let mut mode = Mode::Passthrough;
+    let mut switches = 0;
+    let start = Instant::now();
+    while !waiter.is_finished() && switches < 30 && start.elapsed() < Duration::from_secs(150) {
+        std::thread::sleep(Duration::from_millis(5 + rng.below(80)));
+        if !sock.exists() {
+            continue;
+        }
+        let (req, next) = match (mode, rng.below(5)) {
+            (Mode::Passthrough, _) => (remote(&proxy.addr, token), Mode::Remote),
+            (Mode::Remote, 0) => (
+                Request::Suspend {
+                    deadline_ms: 20_000,
+                },
+                Mode::Suspended,
+            ),
+            (Mode::Remote, _) => (
+                Request::Local {
+                    deadline_ms: 20_000,
+                },
+                Mode::Passthrough,
+            ),
+            (Mode::Suspended, _) => (Request::Resume, Mode::Remote),
+        };
+        let r = match call(&sock, &req, Duration::from_secs(60)) {
+            Ok(r) => r,
+            Err(e) => {
+                // An exiting process closes its socket first; give it time.
+                assert!(finishes(&waiter), "{app}: {req:?} not answered: {e}");
+                break;
+            }
+        };
+        if !r.ok {
+            assert!(finishes(&waiter), "{app}: {req:?} failed: {:?}", r.error);
+            break;
+        }
+        if next == Mode::Remote && mode == Mode::Passthrough {
+            let res = r.residue.expect("going remote reports residue");
+            assert!(
+                res.device_fds.is_empty() && res.device_mappings.is_empty(),
+                "{app}: device left behind when going remote: {res:?}"
+            );
+        }
+        mode = next;
+        switches += 1;
+    }
+    if mode == Mode::Suspended && !waiter.is_finished() {
+        let r = call(&sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+        assert!(r.ok, "{app}: final resume failed: {:?}", r.error);
+    }
+    let out = waiter.join().unwrap();
+    let _ = std::fs::remove_dir_all(&run_dir);
+    assert!(
+        out.status.success(),
+        "{app} failed under crane: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Switched {
+        result: result_line(&out.stdout),
+        switches,
+    }
+}
+
+fn check(app: &str, iters: &str) {
+    let want = native(app, iters);
+    let proxy = Proxy::start(app, false, &[("t0ken", "tenant-a")]);
+    for seed in [0x9e3779b97f4a7c15u64, 0x2545f4914f6cdd1d] {
+        let run = switching(app, iters, seed, &proxy, "t0ken");
+        assert_eq!(
+            run.result, want,
+            "{app} (seed {seed:#x}, {} switches) differs from native",
+            run.switches
+        );
+        assert!(
+            run.switches >= 4,
+            "{app}: only {} switches landed; raise --iters",
+            run.switches
+        );
+        eprintln!(
+            "{app}: {} switches, result identical to native",
+            run.switches
+        );
+    }
+}
+
+macro_rules! corpus_test {
+    ($name:ident, $iters:expr) => {
+        #[test]
+        fn $name() {
+            check(stringify!($name), $iters);
+        }
+    };
+}
+
+corpus_test!(pingpong, "6000");
+corpus_test!(subbuffers, "3000");
+corpus_test!(images, "2000");
+corpus_test!(localmem, "3000");
+corpus_test!(maps, "3000");
+corpus_test!(copies, "3000");
+corpus_test!(multictx, "2000");
+corpus_test!(events, "2000");
+corpus_test!(programs, "150");
+corpus_test!(frameloop, "600");
+corpus_test!(rustpipe, "1200");
+
+/// A process started while its guest is remoting runs on the proxy from its
+/// first call, and can later come home.
+#[test]
+fn starts_remote_then_goes_local() {
+    let want = native("pingpong", "20000");
+    let proxy = Proxy::start("starts-remote", true, &[("abc", "t")]);
+    let run_dir = std::env::temp_dir().join(format!("crane-remote-start-{}", std::process::id()));
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "20000"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "abc")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(&run_dir, child.id());
+    wait_socket(&sock);
+    let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
+    assert_eq!(st.status.unwrap().mode, Mode::Remote);
+    std::thread::sleep(Duration::from_millis(200));
+    let r = call(
+        &sock,
+        &Request::Local {
+            deadline_ms: 20_000,
+        },
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(r.ok, "going local failed: {:?}", r.error);
+    let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
+    assert_eq!(st.status.unwrap().mode, Mode::Passthrough);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), want);
+}
+
+/// Two applications of two tenants on one proxy at once, each switching on its
+/// own, both end with their native results.
+#[test]
+fn two_tenants_share_one_proxy() {
+    let proxy = Proxy::start("two", true, &[("tok-a", "a"), ("tok-b", "b")]);
+    let want_a = native("pingpong", "4000");
+    let want_b = native("copies", "1500");
+    std::thread::scope(|s| {
+        let a = s.spawn(|| switching("pingpong", "4000", 7, &proxy, "tok-a"));
+        let b = s.spawn(|| switching("copies", "1500", 11, &proxy, "tok-b"));
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        assert_eq!(a.result, want_a);
+        assert_eq!(b.result, want_b);
+        assert!(a.switches >= 2 && b.switches >= 2);
+    });
+}
+
+/// A wrong token is refused, and the process carries on locally.
+#[test]
+fn wrong_token_leaves_the_app_local() {
+    let want = native("pingpong", "6000");
+    let proxy = Proxy::start("badtoken", false, &[("right", "t")]);
+    let run_dir = std::env::temp_dir().join(format!("crane-remote-badtok-{}", std::process::id()));
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "6000"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", &run_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(&run_dir, child.id());
+    wait_socket(&sock);
+    let r = call(
+        &sock,
+        &remote(&proxy.addr, "wrong"),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(!r.ok);
+    let err = r.error.unwrap();
+    assert!(err.contains("refused"), "unexpected error: {err}");
+    let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
+    assert_eq!(st.status.unwrap().mode, Mode::Passthrough);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), want);
+}
+
+/// When the proxy dies under a remote process, its OpenCL calls fail with an
+/// error within seconds instead of hanging.
+#[test]
+fn dead_proxy_fails_calls_quickly() {
+    let mut proxy = Proxy::start("dies", true, &[("k", "t")]);
+    let run_dir = std::env::temp_dir().join(format!("crane-remote-dies-{}", std::process::id()));
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "100000000"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "k")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(&run_dir, child.id());
+    wait_socket(&sock);
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.child.kill().unwrap();
+    let killed = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the app took {took:?} to notice"
+    );
+    assert!(
+        !out.status.success(),
+        "the app cannot have finished its work"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("crane-proxy"), "no clear message: {err}");
+}

@@ -1,0 +1,219 @@
+//! dom0's side of the protocol, for the dom0 service (and `crane-agent
+//! --standalone`, which plays dom0 for `cranectl`): setting up a guest's keys
+//! with the right permissions, posting requests with the next sequence number,
+//! and reading the agent's answers strictly (a guest writes them).
+
+use std::time::{Duration, Instant};
+
+use crate::error::XsError;
+use crate::layout::{
+    AGENT, AGENT_APPS, AGENT_PROTOCOL, AGENT_RESPONSE, AGENT_STATE, CRANE, MAX_APPS, PROTOCOL,
+    PROTOCOL_VERSION, REQUEST, absolute,
+};
+use crate::message::{AgentState, AppResult, Op, Request, Response, seq_hint};
+use crate::perms::{Access, Perm, check_dom0_only};
+use crate::store::XenStore;
+use crate::value::ValueError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Dom0Error {
+    #[error(transparent)]
+    Xs(#[from] XsError),
+    #[error("the guest's {key} is not valid: {source}")]
+    Invalid { key: String, source: ValueError },
+    #[error("the request is not valid: {0}")]
+    InvalidRequest(ValueError),
+    #[error("the guest agent speaks protocol {0:?}, dom0 {PROTOCOL_VERSION}")]
+    Protocol(String),
+    #[error("domain {domid} lists more than {MAX_APPS} app results")]
+    TooManyApps { domid: u16 },
+    #[error("no final answer to request {seq} within {ms} ms")]
+    Timeout { seq: u64, ms: u128 },
+}
+
+/// dom0's handle on one guest's crane keys.
+pub struct GuestChannel<'a, S> {
+    store: &'a S,
+    domid: u16,
+}
+
+impl<'a, S: XenStore> GuestChannel<'a, S> {
+    pub fn new(store: &'a S, domid: u16) -> Self {
+        GuestChannel { store, domid }
+    }
+
+    fn path(&self, rel: &str) -> String {
+        absolute(self.domid, rel)
+    }
+
+    fn token(&self) -> String {
+        format!("crane-dom0-{}", self.domid)
+    }
+
+    /// Creates the guest's keys: `crane` owned by dom0 and readable by the
+    /// guest, `crane/agent` owned by the guest. Run when the domain appears,
+    /// also on a migration's destination (XenStore contents do not migrate).
+    pub fn setup(&self) -> Result<(), Dom0Error> {
+        let crane = self.path(CRANE);
+        self.store.write(&crane, "")?;
+        self.store.set_perms(
+            &crane,
+            &[
+                Perm::new(0, Access::None),
+                Perm::new(self.domid, Access::Read),
+            ],
+        )?;
+        self.store
+            .write(&self.path(PROTOCOL), &PROTOCOL_VERSION.to_string())?;
+        let agent = self.path(AGENT);
+        if self.store.read(&agent)?.is_none() {
+            self.store.write(&agent, "")?;
+        }
+        self.store
+            .set_perms(&agent, &[Perm::new(self.domid, Access::None)])?;
+        Ok(())
+    }
+
+    fn parse<T>(
+        &self,
+        rel: &str,
+        f: impl FnOnce(&str) -> Result<T, ValueError>,
+    ) -> Result<Option<T>, Dom0Error> {
+        let key = self.path(rel);
+        match self.store.read(&key)? {
+            None => Ok(None),
+            Some(v) => f(&v)
+                .map(Some)
+                .map_err(|source| Dom0Error::Invalid { key, source }),
+        }
+    }
+
+    /// The agent's published state; `None` before the agent started.
+    pub fn agent_state(&self) -> Result<Option<AgentState>, Dom0Error> {
+        if let Some(v) = self.store.read(&self.path(AGENT_PROTOCOL))?
+            && v != PROTOCOL_VERSION.to_string()
+        {
+            return Err(Dom0Error::Protocol(v.chars().take(16).collect()));
+        }
+        self.parse(AGENT_STATE, AgentState::parse)
+    }
+
+    /// Waits until the agent has published its state.
+    pub fn wait_agent(&self, timeout: Duration) -> Result<Option<AgentState>, Dom0Error> {
+        let state = self.path(AGENT_STATE);
+        self.wait_for(&state, timeout, || self.agent_state())
+    }
+
+    /// The agent's latest response.
+    pub fn response(&self) -> Result<Option<Response>, Dom0Error> {
+        self.parse(AGENT_RESPONSE, Response::parse)
+    }
+
+    /// The per-app results that belong to response `seq` (others are left
+    /// out).
+    pub fn app_results(&self, seq: u64) -> Result<Vec<AppResult>, Dom0Error> {
+        let dir = self.path(AGENT_APPS);
+        let names = self.store.directory(&dir)?;
+        if names.len() > MAX_APPS {
+            return Err(Dom0Error::TooManyApps { domid: self.domid });
+        }
+        let mut out = Vec::new();
+        for name in names {
+            let key = format!("{dir}/{name}");
+            let Some(v) = self.store.read(&key)? else {
+                continue;
+            };
+            let r = AppResult::parse(&v).map_err(|source| Dom0Error::Invalid {
+                key: key.clone(),
+                source,
+            })?;
+            if r.pid.to_string() != name {
+                return Err(Dom0Error::Invalid {
+                    key,
+                    source: crate::value::bad_value("pid", &name, "does not match the key"),
+                });
+            }
+            if r.seq == seq {
+                out.push(r);
+            }
+        }
+        out.sort_by_key(|r| r.pid);
+        Ok(out)
+    }
+
+    /// The sequence number the next request must carry: after everything
+    /// either side has seen.
+    pub fn next_seq(&self) -> Result<u64, Dom0Error> {
+        let posted = self
+            .store
+            .read(&self.path(REQUEST))?
+            .map_or(0, |r| seq_hint(&r));
+        let handled = self.agent_state()?.map_or(0, |s| s.last_seq);
+        let answered = self.response().ok().flatten().map_or(0, |r| r.seq);
+        Ok(posted.max(handled).max(answered) + 1)
+    }
+
+    /// Posts a request with the next sequence number; the key is owned by
+    /// dom0 and only readable by the guest.
+    pub fn post(&self, op: Op, deadline_ms: Option<u64>) -> Result<Request, Dom0Error> {
+        let req = Request {
+            seq: self.next_seq()?,
+            op,
+            deadline_ms,
+        };
+        req.validate().map_err(Dom0Error::InvalidRequest)?;
+        let key = self.path(REQUEST);
+        self.store.write(&key, &req.format())?;
+        if check_dom0_only(&self.store.get_perms(&key)?).is_err() {
+            self.store.set_perms(
+                &key,
+                &[
+                    Perm::new(0, Access::None),
+                    Perm::new(self.domid, Access::Read),
+                ],
+            )?;
+        }
+        Ok(req)
+    }
+
+    fn wait_for<T>(
+        &self,
+        path: &str,
+        timeout: Duration,
+        mut check: impl FnMut() -> Result<Option<T>, Dom0Error>,
+    ) -> Result<Option<T>, Dom0Error> {
+        let token = self.token();
+        self.store.watch(path, &token)?;
+        let end = Instant::now() + timeout;
+        let result = loop {
+            match check() {
+                Ok(Some(v)) => break Ok(Some(v)),
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break Ok(None);
+            }
+            if let Err(e) = self.store.wait_event(left) {
+                break Err(e.into());
+            }
+        };
+        let _ = self.store.unwatch(path, &token);
+        result
+    }
+
+    /// Waits for the final answer to request `seq`.
+    pub fn wait_answer(&self, seq: u64, timeout: Duration) -> Result<Response, Dom0Error> {
+        let key = self.path(AGENT_RESPONSE);
+        self.wait_for(&key, timeout, || {
+            Ok(self
+                .response()?
+                .filter(|r| r.seq == seq && r.outcome.is_final()))
+        })?
+        .ok_or(Dom0Error::Timeout {
+            seq,
+            ms: timeout.as_millis(),
+        })
+    }
+}

@@ -1,0 +1,138 @@
+//! Contexts and command queues.
+
+use crane_wire::Id;
+use opencl_sys::*;
+
+use super::{made, or_null, terminated};
+use crate::session::objects::{Detail, Kind};
+use crate::session::{CallError, CallResult, Session};
+use crate::vendor::{VPtr, vfn};
+
+impl Session {
+    /// Context properties for the vendor, terminated, with the platform id
+    /// translated; also the platform named, if any. Properties whose values
+    /// the proxy cannot vouch for (pointers of other APIs) are refused.
+    fn context_props(
+        &self,
+        props: &[u64],
+    ) -> CallResult<(Vec<cl_context_properties>, Option<VPtr>)> {
+        if props.is_empty() {
+            return Ok((Vec::new(), None));
+        }
+        if !props.len().is_multiple_of(2) {
+            return Err(CallError::Cl(CL_INVALID_PROPERTY));
+        }
+        let mut out = Vec::with_capacity(props.len() + 1);
+        let mut platform = None;
+        for pair in props.chunks_exact(2) {
+            let (key, value) = (pair[0] as cl_context_properties, pair[1]);
+            let value = match key {
+                CL_CONTEXT_PLATFORM => {
+                    let p = self.objects.handle(value, Kind::Platform)?;
+                    platform = Some(p);
+                    p.get() as cl_context_properties
+                }
+                CL_CONTEXT_INTEROP_USER_SYNC => value as cl_context_properties,
+                _ => return Err(CallError::Cl(CL_INVALID_PROPERTY)),
+            };
+            out.extend([key, value]);
+        }
+        out.push(0);
+        Ok((out, platform))
+    }
+
+    pub(crate) fn create_context(&mut self, id: Id, props: &[u64], devices: &[Id]) -> CallResult {
+        self.create(id, Kind::Context, |s| {
+            let (props, _) = s.context_props(props)?;
+            let devices = s.device_list(devices)?;
+            let first = *devices.first().ok_or(CallError::Cl(CL_INVALID_VALUE))?;
+            let f = vfn!(first, clCreateContext)?;
+            let mut err = CL_SUCCESS;
+            // SAFETY: live devices, a terminated property list (or NULL),
+            // no notification callback.
+            let h = unsafe {
+                f(
+                    or_null(&props),
+                    devices.len() as cl_uint,
+                    devices.as_ptr(),
+                    None,
+                    std::ptr::null_mut(),
+                    &mut err,
+                )
+            };
+            Ok((made(h, err)?, Detail::Plain))
+        })
+    }
+
+    pub(crate) fn create_context_from_type(
+        &mut self,
+        id: Id,
+        props: &[u64],
+        device_type: u64,
+    ) -> CallResult {
+        self.create(id, Kind::Context, |s| {
+            let (props, platform) = s.context_props(props)?;
+            // Like the ICD loader: the platform named, else the first one.
+            let p = match platform {
+                Some(p) => p,
+                None => s.platform_or_default(0)?,
+            };
+            let f = vfn!(p.get(), clCreateContextFromType)?;
+            let mut err = CL_SUCCESS;
+            // SAFETY: a terminated property list (or NULL), no callback.
+            let h = unsafe {
+                f(
+                    or_null(&props),
+                    device_type,
+                    None,
+                    std::ptr::null_mut(),
+                    &mut err,
+                )
+            };
+            Ok((made(h, err)?, Detail::Plain))
+        })
+    }
+
+    pub(crate) fn create_queue(
+        &mut self,
+        id: Id,
+        context: Id,
+        device: Id,
+        props: &[u64],
+    ) -> CallResult {
+        self.create(id, Kind::Queue, |s| {
+            let ctx = s.objects.handle(context, Kind::Context)?;
+            let dev = s.objects.handle(device, Kind::Device)?;
+            let mut err = CL_SUCCESS;
+            let h = match vfn!(ctx.get(), clCreateCommandQueueWithProperties) {
+                Ok(f) => {
+                    let props: Vec<cl_queue_properties> = terminated(props, |v| v, 0);
+                    // SAFETY: live context and device; a terminated list of
+                    // scalar queue properties (or NULL).
+                    unsafe {
+                        f(
+                            ctx.get().cast(),
+                            dev.get().cast(),
+                            or_null(&props),
+                            &mut err,
+                        )
+                    }
+                }
+                Err(_) => {
+                    // An OpenCL 1.x vendor: only CL_QUEUE_PROPERTIES exists.
+                    let mut qp = 0;
+                    for pair in props.chunks(2) {
+                        match pair {
+                            [k, v] if *k == u64::from(CL_QUEUE_PROPERTIES) => qp = *v,
+                            _ => return Err(CallError::Cl(CL_INVALID_VALUE)),
+                        }
+                    }
+                    let f = vfn!(ctx.get(), clCreateCommandQueue)?;
+                    // SAFETY: live context and device.
+                    unsafe { f(ctx.get().cast(), dev.get().cast(), qp, &mut err) }
+                }
+            };
+            Ok((made(h, err)?, Detail::Plain))
+        })
+    }
+}

@@ -1,0 +1,852 @@
+//! One client connection from Hello to teardown. A session's calls run on
+//! its own thread, strictly in order; what waits for the device completes on
+//! the session's completion thread ([`completion`]). A session that
+//! misbehaves is told why (`Goodbye`) and closed; nothing it does reaches
+//! another session, and a panic while serving it ends only it.
+
+pub(crate) mod completion;
+pub(crate) mod objects;
+
+use std::ffi::c_void;
+use std::net::Shutdown;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use crane_wire::{Answer, Call, Id, MAX_BODY, Sync, VERSION_MAJOR, VERSION_MINOR};
+use log::Level;
+use opencl_sys::*;
+
+use crate::conn::{self, FrameReader, ReadError, Stream, Writer};
+use crate::ratelimit::limited;
+use crate::server::Shared;
+use crate::tokens;
+use crate::vendor::{VPtr, vfn};
+use completion::Completion;
+use objects::{Counters, Detail, Kind, Objects};
+
+/// Largest body accepted before the Hello: a Hello is a few strings.
+const HELLO_MAX_BODY: u32 = 16 << 10;
+
+/// Why a call did not succeed.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// An OpenCL error, reported to the client; the session goes on.
+    Cl(cl_int),
+    /// A protocol violation (forged id, malformed call): the session ends.
+    Violation(String),
+}
+
+impl From<cl_int> for CallError {
+    fn from(e: cl_int) -> Self {
+        CallError::Cl(e)
+    }
+}
+
+pub(crate) type CallResult<T = ()> = Result<T, CallError>;
+
+/// How a session ended.
+enum End {
+    Eof,
+    Bye,
+    Violation(String),
+    Lost(String),
+}
+
+pub(crate) struct Session {
+    pub id: u64,
+    pub objects: Objects,
+    pub completion: Completion,
+    pub shared: Arc<Shared>,
+    writer: Arc<Writer>,
+    last_seq: u64,
+    /// Per queue id: how far its commands are known to have completed.
+    pub progress: std::collections::HashMap<Id, Arc<completion::QueueProgress>>,
+}
+
+/// Serves one accepted connection until it ends.
+pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
+    let peer = stream.peer();
+    if let Err(e) = stream.configure() {
+        limited!(
+            Level::Warn,
+            "session {id} ({peer}): socket options cannot be set: {e}"
+        );
+    }
+    let writer = Arc::new(Writer::new(stream.clone()));
+    let deadline = Instant::now() + shared.config.hello_timeout;
+    let mut reader = FrameReader::new(stream.clone(), Some(deadline));
+    let (hello_seq, tenant, client) = match greet(&mut reader, &shared) {
+        Ok(v) => v,
+        Err((seq, reason)) => {
+            limited!(Level::Info, "session {id} ({peer}) refused: {reason}");
+            shared.count_refused();
+            goodbye(&writer, &stream, seq, &reason);
+            return;
+        }
+    };
+    let started = reader
+        .clear_deadline()
+        .map_err(|e| e.to_string())
+        .and_then(|()| {
+            Completion::start(writer.clone(), id, shared.staging.clone()).map_err(|e| e.to_string())
+        });
+    let completion = match started {
+        Ok(c) => c,
+        Err(e) => {
+            limited!(Level::Error, "session {id}: cannot start: {e}");
+            goodbye(
+                &writer,
+                &stream,
+                hello_seq,
+                "the proxy cannot start a session now",
+            );
+            return;
+        }
+    };
+    let counters = Arc::new(Counters::default());
+    shared.opened(id, &tenant, &client, counters.clone());
+    let limits = shared.limits;
+    let mut session = Session {
+        id,
+        objects: Objects::new(limits.max_objects, limits.max_mem_bytes, counters),
+        completion,
+        shared: shared.clone(),
+        writer: writer.clone(),
+        last_seq: hello_seq,
+        progress: std::collections::HashMap::new(),
+    };
+    writer.send(
+        hello_seq,
+        &Answer::Welcome {
+            major: VERSION_MAJOR,
+            minor: VERSION_MINOR,
+            session: id,
+            limits,
+        },
+        &[],
+    );
+    limited!(
+        Level::Info,
+        "session {id} opened: tenant {tenant}, client {client}, {peer}"
+    );
+
+    let end = catch_unwind(AssertUnwindSafe(|| session.run(&mut reader))).unwrap_or_else(|_| {
+        shared.count_panic();
+        limited!(
+            Level::Error,
+            "session {id}: the proxy panicked serving it; only this session ends"
+        );
+        End::Violation("the proxy failed internally".into())
+    });
+    match &end {
+        End::Violation(reason) => {
+            limited!(
+                Level::Warn,
+                "session {id} (tenant {tenant}) ended: {reason}"
+            );
+            goodbye(&writer, &stream, 0, reason);
+        }
+        End::Lost(why) => limited!(Level::Info, "session {id} (tenant {tenant}) lost: {why}"),
+        End::Eof | End::Bye => {}
+    }
+    let started = Instant::now();
+    match catch_unwind(AssertUnwindSafe(|| session.teardown())) {
+        Ok(released) => limited!(
+            Level::Info,
+            "session {id} (tenant {tenant}) closed{}: {released} object(s) released in {:.1} ms",
+            if matches!(end, End::Bye) {
+                " by the client"
+            } else {
+                ""
+            },
+            started.elapsed().as_secs_f64() * 1e3
+        ),
+        Err(_) => {
+            shared.count_panic();
+            limited!(
+                Level::Error,
+                "session {id}: the proxy panicked tearing it down"
+            );
+        }
+    }
+    writer.close();
+    stream.shutdown(Shutdown::Both);
+}
+
+/// Reads and checks the Hello: `(seq, tenant, client)`, or the Hello's seq
+/// (0 if unknown) and why the session is refused.
+fn greet(
+    reader: &mut FrameReader,
+    shared: &Shared,
+) -> Result<(u64, String, String), (u64, String)> {
+    let h = match reader.next(HELLO_MAX_BODY, 0) {
+        Ok(Some(h)) => h,
+        Ok(None) => return Err((0, "the connection closed before Hello".into())),
+        Err(ReadError::TimedOut) => {
+            return Err((
+                0,
+                format!("no Hello within {:?}", shared.config.hello_timeout),
+            ));
+        }
+        Err(e) => return Err((0, e.to_string())),
+    };
+    let call: Call = crane_wire::decode(&reader.body)
+        .map_err(|e| (0, format!("the first message cannot be decoded: {e}")))?;
+    let Call::Hello {
+        major,
+        minor,
+        token,
+        client,
+    } = call
+    else {
+        return Err((
+            0,
+            format!("the first message must be Hello, not {}", call.name()),
+        ));
+    };
+    if h.seq == 0 {
+        return Err((0, "calls never have sequence number 0".into()));
+    }
+    if major != VERSION_MAJOR {
+        return Err((
+            h.seq,
+            format!(
+                "protocol version {major}.{minor} is not supported: this proxy speaks {VERSION_MAJOR}.{VERSION_MINOR}"
+            ),
+        ));
+    }
+    match tokens::lookup(&shared.config.token_file, &token) {
+        Ok(Some(t)) => Ok((h.seq, t.name, printable(&client))),
+        Ok(None) => Err((h.seq, "the token is not valid".into())),
+        Err(e) => {
+            limited!(Level::Error, "refusing every session: {e}");
+            Err((h.seq, "the proxy cannot check tokens now".into()))
+        }
+    }
+}
+
+/// A client-chosen string made safe for one log line.
+fn printable(s: &str) -> String {
+    s.chars()
+        .take(128)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// Tells the client why its session ends, then lets the socket close
+/// without discarding that message.
+fn goodbye(writer: &Writer, stream: &Stream, seq: u64, reason: &str) {
+    writer.send(
+        seq,
+        &Answer::Goodbye {
+            reason: reason.to_string(),
+        },
+        &[],
+    );
+    writer.close();
+    stream.shutdown(Shutdown::Write);
+    conn::drain(stream);
+}
+
+/// The answer a call gets when it fails with an OpenCL error: posted calls
+/// get `Failed` (seq 0), replying calls their usual answer with the status.
+#[derive(Clone, Copy)]
+enum ErrorShape {
+    Failed,
+    Count,
+    Info,
+    Formats,
+    Binaries,
+    Binary,
+    Data,
+    Status,
+}
+
+impl ErrorShape {
+    fn of(call: &Call) -> ErrorShape {
+        use Call::*;
+        match call {
+            GetPlatformIds { .. }
+            | GetDeviceIds { .. }
+            | CreateSubDevices { .. }
+            | CreateKernelsInProgram { .. } => ErrorShape::Count,
+            GetInfo { .. } => ErrorShape::Info,
+            GetSupportedImageFormats { .. } => ErrorShape::Formats,
+            GetProgramBinaries { .. } => ErrorShape::Binaries,
+            CreateProgramWithBinary { .. } => ErrorShape::Binary,
+            EnqueueReadBuffer { .. } | EnqueueReadBufferRect { .. } | EnqueueReadImage { .. } => {
+                ErrorShape::Data
+            }
+            c if c.replies() => ErrorShape::Status,
+            _ => ErrorShape::Failed,
+        }
+    }
+
+    /// `(seq, answer)` for the call `seq` failing with `status`.
+    fn answer(self, seq: u64, status: cl_int) -> (u64, Answer) {
+        let a = match self {
+            ErrorShape::Failed => return (0, Answer::Failed { seq, status }),
+            ErrorShape::Count => Answer::Count { status, count: 0 },
+            ErrorShape::Info => Answer::Info(status),
+            ErrorShape::Formats => Answer::Formats {
+                status,
+                formats: Vec::new(),
+            },
+            ErrorShape::Binaries => Answer::Binaries {
+                status,
+                sizes: Vec::new(),
+            },
+            ErrorShape::Binary => Answer::Binary {
+                status,
+                per_binary: Vec::new(),
+            },
+            ErrorShape::Data => Answer::Data(status),
+            ErrorShape::Status => Answer::Status(status),
+        };
+        (seq, a)
+    }
+}
+
+/// Calls that carry a payload.
+fn takes_payload(call: &Call) -> bool {
+    use Call::*;
+    matches!(
+        call,
+        CreateBuffer { init: true, .. }
+            | CreateImage { init: true, .. }
+            | CreateProgramWithIl { .. }
+            | CreateProgramWithBinary { .. }
+            | EnqueueWriteBuffer { .. }
+            | EnqueueWriteBufferRect { .. }
+            | EnqueueWriteImage { .. }
+    )
+}
+
+impl Session {
+    fn run(&mut self, reader: &mut FrameReader) -> End {
+        let max_payload = self.shared.limits.max_payload;
+        loop {
+            let h = match reader.next(MAX_BODY, max_payload) {
+                Ok(Some(h)) => h,
+                Ok(None) => return End::Eof,
+                Err(ReadError::Frame(r)) => return End::Violation(r),
+                Err(e @ ReadError::Truncated) => return End::Violation(e.to_string()),
+                Err(e) => return End::Lost(e.to_string()),
+            };
+            let call: Call = match crane_wire::decode(&reader.body) {
+                Ok(c) => c,
+                Err(e) => return End::Violation(format!("a message cannot be decoded: {e}")),
+            };
+            if h.seq <= self.last_seq {
+                return End::Violation(format!(
+                    "sequence number {} does not follow {}",
+                    h.seq, self.last_seq
+                ));
+            }
+            self.last_seq = h.seq;
+            let payload = match reader.payload(h.payload_len, &self.completion.inflight.buffers) {
+                Ok(p) => p,
+                Err(e @ (ReadError::Frame(_) | ReadError::Truncated)) => {
+                    return End::Violation(e.to_string());
+                }
+                Err(e) => return End::Lost(e.to_string()),
+            };
+            match call {
+                Call::Bye => return End::Bye,
+                Call::Hello { .. } => return End::Violation("Hello in an open session".into()),
+                call => {
+                    if let Err(v) = self.execute(h.seq, call, payload) {
+                        return End::Violation(v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one call and reports its failure; `Err` ends the session.
+    fn execute(&mut self, seq: u64, call: Call, payload: Vec<u8>) -> Result<(), String> {
+        let name = call.name();
+        if !payload.is_empty() && !takes_payload(&call) {
+            return Err(format!("{name} carries no payload"));
+        }
+        let shape = ErrorShape::of(&call);
+        match self.dispatch(seq, call, payload) {
+            Ok(()) => Ok(()),
+            Err(CallError::Violation(v)) => Err(format!("{name}: {v}")),
+            Err(CallError::Cl(status)) => {
+                limited!(
+                    Level::Debug,
+                    "session {}: {name} (seq {seq}) failed with {status}",
+                    self.id
+                );
+                let (seq, answer) = shape.answer(seq, status);
+                self.reply(seq, &answer, &[]);
+                Ok(())
+            }
+        }
+    }
+
+    fn dispatch(&mut self, seq: u64, call: Call, payload: Vec<u8>) -> CallResult {
+        use Call::*;
+        match call {
+            Hello { .. } | Bye => unreachable!("handled by the session loop"),
+            GetPlatformIds { ids } => self.get_platform_ids(seq, &ids),
+            GetDeviceIds {
+                platform,
+                device_type,
+                ids,
+            } => self.get_device_ids(seq, platform, device_type, &ids),
+            CreateSubDevices { device, props, ids } => {
+                self.create_sub_devices(seq, device, &props, &ids)
+            }
+            GetInfo {
+                kind,
+                object,
+                param,
+            } => self.get_info(seq, &kind, object, param),
+            GetSupportedImageFormats {
+                context,
+                flags,
+                image_type,
+            } => self.get_supported_image_formats(seq, context, flags, image_type),
+            GetProgramBinaries { program } => self.get_program_binaries(seq, program),
+            CreateContext { id, props, devices } => self.create_context(id, &props, &devices),
+            CreateContextFromType {
+                id,
+                props,
+                device_type,
+            } => self.create_context_from_type(id, &props, device_type),
+            CreateQueue {
+                id,
+                context,
+                device,
+                props,
+            } => self.create_queue(id, context, device, &props),
+            CreateBuffer {
+                id,
+                context,
+                flags,
+                size,
+                props,
+                init,
+            } => self.create_buffer(id, context, flags, size, &props, init.then_some(payload)),
+            CreateSubBuffer {
+                id,
+                parent,
+                flags,
+                origin,
+                size,
+            } => self.create_sub_buffer(id, parent, flags, origin, size),
+            CreateImage {
+                id,
+                context,
+                flags,
+                format,
+                desc,
+                props,
+                init,
+            } => self.create_image(
+                id,
+                context,
+                flags,
+                format,
+                desc,
+                &props,
+                init.then_some(payload),
+            ),
+            CreateSampler { id, context, props } => self.create_sampler(id, context, &props),
+            CreateProgramWithSource {
+                id,
+                context,
+                source,
+            } => self.create_program_with_source(id, context, &source),
+            CreateProgramWithIl { id, context } => {
+                self.create_program_with_il(id, context, &payload)
+            }
+            CreateProgramWithBinary {
+                id,
+                context,
+                devices,
+                sizes,
+            } => self.create_program_with_binary(seq, id, context, &devices, &sizes, &payload),
+            CreateProgramWithBuiltInKernels {
+                id,
+                context,
+                devices,
+                names,
+            } => self.create_program_with_built_in_kernels(id, context, &devices, &names),
+            BuildProgram {
+                program,
+                devices,
+                options,
+            } => self.build_program(seq, program, &devices, &options),
+            CompileProgram {
+                program,
+                devices,
+                options,
+                headers,
+            } => self.compile_program(seq, program, &devices, &options, &headers),
+            LinkProgram {
+                id,
+                context,
+                devices,
+                options,
+                inputs,
+            } => self.link_program(seq, id, context, &devices, &options, &inputs),
+            SetSpecializationConstant {
+                program,
+                spec_id,
+                value,
+            } => self.set_specialization_constant(program, spec_id, &value),
+            CreateKernel { id, program, name } => self.create_kernel(id, program, &name),
+            CreateKernelsInProgram { program, ids } => {
+                self.create_kernels_in_program(seq, program, &ids)
+            }
+            CloneKernel { id, source } => self.clone_kernel(id, source),
+            SetKernelArg { kernel, index, arg } => self.set_kernel_arg(kernel, index, &arg),
+            CreateUserEvent { id, context } => self.create_user_event(id, context),
+            SetUserEventStatus { event, status } => self.set_user_event_status(event, status),
+            SetEventCallback {
+                event,
+                status,
+                cookie,
+            } => self.set_event_callback(event, status, cookie),
+            Release { id } => self.release(id),
+            EnqueueNdRange {
+                queue,
+                kernel,
+                dims,
+                offset,
+                global,
+                local,
+                sync,
+            } => self.enqueue_nd_range(queue, kernel, dims, offset, global, local, &sync),
+            EnqueueWriteBuffer {
+                queue,
+                buffer,
+                offset,
+                size,
+                sync,
+            } => self.enqueue_write_buffer(queue, buffer, offset, size, &sync, payload),
+            EnqueueReadBuffer {
+                queue,
+                buffer,
+                offset,
+                size,
+                sync,
+            } => self.enqueue_read_buffer(seq, queue, buffer, offset, size, &sync),
+            EnqueueWriteBufferRect {
+                queue,
+                buffer,
+                rect,
+                sync,
+            } => self.enqueue_write_buffer_rect(queue, buffer, &rect, &sync, payload),
+            EnqueueReadBufferRect {
+                queue,
+                buffer,
+                rect,
+                sync,
+            } => self.enqueue_read_buffer_rect(seq, queue, buffer, &rect, &sync),
+            EnqueueWriteImage {
+                queue,
+                image,
+                origin,
+                region,
+                sync,
+            } => self.enqueue_write_image(queue, image, origin, region, &sync, payload),
+            EnqueueReadImage {
+                queue,
+                image,
+                origin,
+                region,
+                sync,
+            } => self.enqueue_read_image(seq, queue, image, origin, region, &sync),
+            EnqueueFillBuffer {
+                queue,
+                buffer,
+                pattern,
+                offset,
+                size,
+                sync,
+            } => self.enqueue_fill_buffer(queue, buffer, &pattern, offset, size, &sync),
+            EnqueueFillImage {
+                queue,
+                image,
+                color,
+                origin,
+                region,
+                sync,
+            } => self.enqueue_fill_image(queue, image, &color, origin, region, &sync),
+            EnqueueCopyBuffer {
+                queue,
+                src,
+                dst,
+                src_offset,
+                dst_offset,
+                size,
+                sync,
+            } => self.enqueue_copy_buffer(queue, src, dst, src_offset, dst_offset, size, &sync),
+            EnqueueCopyBufferRect {
+                queue,
+                src,
+                dst,
+                src_origin,
+                dst_origin,
+                region,
+                src_pitch,
+                dst_pitch,
+                sync,
+            } => self.enqueue_copy_buffer_rect(
+                queue, src, dst, src_origin, dst_origin, region, src_pitch, dst_pitch, &sync,
+            ),
+            EnqueueCopyImage {
+                queue,
+                src,
+                dst,
+                src_origin,
+                dst_origin,
+                region,
+                sync,
+            } => self.enqueue_copy_image(queue, src, dst, src_origin, dst_origin, region, &sync),
+            EnqueueCopyImageToBuffer {
+                queue,
+                src,
+                dst,
+                src_origin,
+                region,
+                dst_offset,
+                sync,
+            } => self.enqueue_copy_image_to_buffer(
+                queue, src, dst, src_origin, region, dst_offset, &sync,
+            ),
+            EnqueueCopyBufferToImage {
+                queue,
+                src,
+                dst,
+                src_offset,
+                dst_origin,
+                region,
+                sync,
+            } => self.enqueue_copy_buffer_to_image(
+                queue, src, dst, src_offset, dst_origin, region, &sync,
+            ),
+            EnqueueMarker { queue, sync } => self.enqueue_marker(queue, &sync),
+            EnqueueBarrier { queue, sync } => self.enqueue_barrier(queue, &sync),
+            EnqueueMigrate {
+                queue,
+                mems,
+                flags,
+                sync,
+            } => self.enqueue_migrate(queue, &mems, flags, &sync),
+            Flush { queue } => self.flush(queue),
+            Finish { queue } => self.finish(seq, queue),
+            WaitForEvents { events } => self.wait_for_events(seq, &events),
+            Sync => {
+                // Calls run in order on this thread: everything before this
+                // one has run, and its failures have been sent.
+                self.reply(seq, &Answer::Status(CL_SUCCESS), &[]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends an answer frame.
+    pub fn reply(&self, seq: u64, answer: &Answer, payload: &[u8]) {
+        self.writer.send(seq, answer, payload);
+    }
+
+    /// Names a new object `id`: checks the id is fresh and the object count
+    /// allows it, then runs `make`. A creation that fails with an OpenCL
+    /// error leaves `id` known as failed, with that error.
+    pub fn create(
+        &mut self,
+        id: Id,
+        kind: Kind,
+        make: impl FnOnce(&mut Session) -> CallResult<(VPtr, Detail)>,
+    ) -> CallResult {
+        self.objects.check_new(id)?;
+        let made = self
+            .objects
+            .admit(0)
+            .map_err(CallError::Cl)
+            .and_then(|()| make(self));
+        match made {
+            Ok((h, detail)) => {
+                self.objects.insert(id, kind, h, detail);
+                Ok(())
+            }
+            Err(CallError::Cl(e)) => {
+                self.objects.insert_failed(id, kind, e);
+                Err(CallError::Cl(e))
+            }
+            Err(v) => Err(v),
+        }
+    }
+
+    /// Runs an enqueue with the wait list of `sync` translated, creating the
+    /// command's event when the client names one (`sync.event`) or `own` is
+    /// set. With `own`, the caller gets the event and one reference to it.
+    pub fn enqueue(
+        &mut self,
+        sync: &Sync,
+        own: bool,
+        run: impl FnOnce(&mut Session, &[cl_event], *mut cl_event) -> CallResult,
+    ) -> CallResult<Option<VPtr>> {
+        let want = sync.event != 0;
+        if want {
+            self.objects.check_new(sync.event)?;
+        }
+        let mut ev: cl_event = std::ptr::null_mut();
+        let ran = (|| {
+            if want {
+                self.objects.admit(0)?;
+            }
+            let waits: Vec<cl_event> = self
+                .objects
+                .handles(&sync.waits, Kind::Event)?
+                .into_iter()
+                .map(|h| h.get().cast())
+                .collect();
+            let evp: *mut cl_event = if want || own {
+                &mut ev
+            } else {
+                std::ptr::null_mut()
+            };
+            run(self, &waits, evp)
+        })();
+        match ran {
+            Ok(()) => {
+                let ev = VPtr(ev.cast());
+                if want {
+                    if ev.get().is_null() {
+                        self.objects
+                            .insert_failed(sync.event, Kind::Event, CL_OUT_OF_RESOURCES);
+                    } else {
+                        self.objects
+                            .insert(sync.event, Kind::Event, ev, Detail::Plain);
+                        if own {
+                            retain_event(ev);
+                        }
+                    }
+                }
+                Ok(own.then_some(ev))
+            }
+            Err(CallError::Cl(e)) => {
+                if want {
+                    self.objects.insert_failed(sync.event, Kind::Event, e);
+                }
+                Err(CallError::Cl(e))
+            }
+            Err(v) => Err(v),
+        }
+    }
+
+    /// Ends the session's OpenCL work: fails the user events nobody set,
+    /// lets the queues drain (bounded by the teardown timeout), collects the
+    /// callbacks still owed, then releases every object, dependents first.
+    /// Returns how many objects were released.
+    fn teardown(&mut self) -> usize {
+        for e in self.objects.unset_user_events() {
+            if let Ok(f) = vfn!(e.get(), clSetUserEventStatus) {
+                // SAFETY: a live user event whose status was never set;
+                // OpenCL allows setting it to a negative error.
+                unsafe { f(e.get().cast(), -1) };
+            }
+        }
+        let queues = self.objects.live_of(Kind::Queue);
+        if !queues.is_empty() {
+            self.drain_queues(queues);
+        }
+        self.completion.drop_waits();
+        self.completion.stop();
+        let all = self.objects.take_for_teardown();
+        let n = all.len();
+        for (kind, detail, h) in all {
+            release(kind, detail, h);
+        }
+        n
+    }
+
+    /// Finishes the queues on a helper thread, waiting at most the teardown
+    /// timeout: a queue stuck on the device must not keep the session's
+    /// resources (the helper then finishes it on its own).
+    fn drain_queues(&self, queues: Vec<VPtr>) {
+        for q in &queues {
+            if let Ok(f) = vfn!(q.get(), clRetainCommandQueue) {
+                // SAFETY: a live queue; the helper owns this reference.
+                unsafe { f(q.get().cast()) };
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name(format!("crane-drain-{}", self.id))
+            .spawn(move || {
+                for q in queues {
+                    if let Ok(f) = vfn!(q.get(), clFinish) {
+                        // SAFETY: the helper holds a reference to `q`.
+                        unsafe { f(q.get().cast()) };
+                    }
+                    release(Kind::Queue, Detail::Plain, q);
+                }
+                let _ = tx.send(());
+            });
+        if spawned.is_err() {
+            limited!(
+                Level::Error,
+                "session {}: cannot start a thread to drain its queues",
+                self.id
+            );
+            return;
+        }
+        if rx
+            .recv_timeout(self.shared.config.teardown_timeout)
+            .is_err()
+        {
+            limited!(
+                Level::Warn,
+                "session {}: its queues did not drain within {:?}; releasing its objects anyway",
+                self.id,
+                self.shared.config.teardown_timeout
+            );
+        }
+    }
+}
+
+pub(crate) fn retain_event(e: VPtr) {
+    if let Ok(f) = vfn!(e.get(), clRetainEvent) {
+        // SAFETY: a live event.
+        unsafe { f(e.get().cast()) };
+    }
+}
+
+/// Gives back the proxy's reference to a vendor object.
+pub(crate) fn release(kind: Kind, detail: Detail, h: VPtr) -> cl_int {
+    type Rel = unsafe extern "C" fn(*mut c_void) -> cl_int;
+    fn call<F: Copy>(f: Result<F, cl_int>, h: VPtr) -> cl_int {
+        match f {
+            Ok(f) => {
+                assert_eq!(size_of::<F>(), size_of::<Rel>());
+                // SAFETY: every clRelease* takes one object pointer and
+                // returns cl_int; only the pointee type differs.
+                let f: Rel = unsafe { std::mem::transmute_copy(&f) };
+                // SAFETY: the proxy owns a reference to `h`.
+                unsafe { f(h.get()) }
+            }
+            Err(e) => e,
+        }
+    }
+    match kind {
+        Kind::Platform => CL_SUCCESS,
+        Kind::Device if detail == Detail::Root => CL_SUCCESS,
+        Kind::Device => call(vfn!(h.get(), clReleaseDevice), h),
+        Kind::Context => call(vfn!(h.get(), clReleaseContext), h),
+        Kind::Queue => call(vfn!(h.get(), clReleaseCommandQueue), h),
+        Kind::Mem => call(vfn!(h.get(), clReleaseMemObject), h),
+        Kind::Sampler => call(vfn!(h.get(), clReleaseSampler), h),
+        Kind::Program => call(vfn!(h.get(), clReleaseProgram), h),
+        Kind::Kernel => call(vfn!(h.get(), clReleaseKernel), h),
+        Kind::Event => call(vfn!(h.get(), clReleaseEvent), h),
+    }
+}
