@@ -9,24 +9,16 @@ use std::time::{Duration, Instant};
 use crane_control::{Request, call, socket_path};
 
 mod common;
-use common::{Mode, apps, interrupted, library, native, result_line};
+use common::{Mode, apps, interrupted, library, long_enough, native, result_line};
 
 fn check(app: &str, iters: &str) {
-    let want = native(app, iters);
     let preload = Mode::preload();
     for seed in [0x9e3779b97f4a7c15u64, 0x2545f4914f6cdd1d] {
-        let run = interrupted(app, iters, seed, 40, &preload);
-        assert_eq!(
-            run.result, want,
-            "{app} (seed {seed:#x}, {} cycles) differs from native",
-            run.cycles
-        );
-        assert!(
-            run.cycles >= 3,
-            "{app}: only {} suspend/resume cycles landed; raise --iters",
-            run.cycles
-        );
-        eprintln!("{app}: {} cycles, result identical to native", run.cycles);
+        let (iters, n) = long_enough(app, iters, 3, |iters| {
+            let run = interrupted(app, iters, seed, 40, &preload);
+            (run.result, run.cycles)
+        });
+        eprintln!("{app}: {n} cycles at --iters {iters}, result identical to native");
     }
 }
 

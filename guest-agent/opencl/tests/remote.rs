@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
-use common::{Rng, apps, built, finishes, library, native, result_line};
+use common::{Rng, apps, built, finishes, library, long_enough, native, result_line};
 
 /// A crane-proxy process for one test, killed when dropped.
 struct Proxy {
@@ -185,25 +185,16 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
     }
 }
 
+/// Runs `app` twice with different switch schedules, each bit-identical to
+/// native with at least four switches.
 fn check(app: &str, iters: &str) {
-    let want = native(app, iters);
     let proxy = Proxy::start(app, false, &[("t0ken", "tenant-a")]);
     for seed in [0x9e3779b97f4a7c15u64, 0x2545f4914f6cdd1d] {
-        let run = switching(app, iters, seed, &proxy, "t0ken");
-        assert_eq!(
-            run.result, want,
-            "{app} (seed {seed:#x}, {} switches) differs from native",
-            run.switches
-        );
-        assert!(
-            run.switches >= 4,
-            "{app}: only {} switches landed; raise --iters",
-            run.switches
-        );
-        eprintln!(
-            "{app}: {} switches, result identical to native",
-            run.switches
-        );
+        let (iters, n) = long_enough(app, iters, 4, |iters| {
+            let run = switching(app, iters, seed, &proxy, "t0ken");
+            (run.result, run.switches)
+        });
+        eprintln!("{app}: {n} switches at --iters {iters}, result identical to native");
     }
 }
 
@@ -271,15 +262,23 @@ fn starts_remote_then_goes_local() {
 #[test]
 fn two_tenants_share_one_proxy() {
     let proxy = Proxy::start("two", true, &[("tok-a", "a"), ("tok-b", "b")]);
-    let want_a = native("pingpong", "4000");
-    let want_b = native("copies", "1500");
+    // Each app runs long enough for two switches of its own (repeated
+    // longer on a machine where it did not); both share the proxy meanwhile.
     std::thread::scope(|s| {
-        let a = s.spawn(|| switching("pingpong", "4000", 7, &proxy, "tok-a"));
-        let b = s.spawn(|| switching("copies", "1500", 11, &proxy, "tok-b"));
-        let (a, b) = (a.join().unwrap(), b.join().unwrap());
-        assert_eq!(a.result, want_a);
-        assert_eq!(b.result, want_b);
-        assert!(a.switches >= 2 && b.switches >= 2);
+        let a = s.spawn(|| {
+            long_enough("pingpong", "4000", 2, |iters| {
+                let r = switching("pingpong", iters, 7, &proxy, "tok-a");
+                (r.result, r.switches)
+            })
+        });
+        let b = s.spawn(|| {
+            long_enough("copies", "1500", 2, |iters| {
+                let r = switching("copies", iters, 11, &proxy, "tok-b");
+                (r.result, r.switches)
+            })
+        });
+        a.join().unwrap();
+        b.join().unwrap();
     });
 }
 

@@ -104,6 +104,38 @@ pub fn native(app: &str, iters: &str) -> String {
     r
 }
 
+/// Runs `run` on `app` with `iters` iterations and compares its result with
+/// a native run of the same length. How far an app gets between two
+/// interruptions depends on the machine, so a run that ended before `min`
+/// interruptions (the count `run` returns) landed is repeated with four times
+/// the iterations, up to three times. Returns the last run's count.
+pub fn long_enough(
+    app: &str,
+    iters: &str,
+    min: usize,
+    mut run: impl FnMut(&str) -> (String, usize),
+) -> (String, usize) {
+    let mut n: u64 = iters.parse().expect("--iters is a number");
+    for attempt in 0.. {
+        let iters = n.to_string();
+        let want = native(app, &iters);
+        let (got, count) = run(&iters);
+        assert_eq!(
+            got, want,
+            "{app} (--iters {iters}, {count} interruptions) differs from native"
+        );
+        if count >= min {
+            return (iters, count);
+        }
+        assert!(
+            attempt < 3,
+            "{app}: only {count} interruptions landed even at --iters {iters}"
+        );
+        n *= 4;
+    }
+    unreachable!()
+}
+
 /// How an unmodified application gets crane: the environment to run it with.
 pub struct Mode {
     pub name: &'static str,
