@@ -94,6 +94,9 @@ pub struct Config {
     pub hello_timeout: Duration,
     /// How long a closing session waits for its queues to drain.
     pub teardown_timeout: Duration,
+    /// Keep `token_file` in sync with the tokens dom0 publishes in this
+    /// domain's XenStore (`crane/proxy/tokens`): the proxy domain's mode.
+    pub tokens_from_xenstore: bool,
 }
 
 impl Config {
@@ -109,6 +112,7 @@ impl Config {
             max_payload: DEFAULT_MAX_PAYLOAD,
             hello_timeout: Duration::from_secs(10),
             teardown_timeout: Duration::from_secs(10),
+            tokens_from_xenstore: false,
         }
     }
 }
@@ -129,6 +133,9 @@ Runs the OpenCL calls that crane's interposer forwards from migrating guests.
   --listen ADDR               tcp://HOST:PORT or unix:PATH (repeatable)
   --token-file FILE           one token per line, optionally followed by a
                               tenant name; read again at every Hello
+  --tokens-from-xenstore      write FILE from the tokens dom0 publishes in this
+                              domain's XenStore (crane/proxy/tokens), at start
+                              and whenever they change (the proxy domain's mode)
   --vendor PATH               vendor OpenCL ICD library (repeatable); default:
                               CRANE_VENDOR, else OCL_ICD_FILENAMES, else the
                               .icd files in OCL_ICD_VENDORS or /etc/OpenCL/vendors
@@ -186,6 +193,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Con
             "-V" | "--version" => return Ok(Command::Version),
             "--listen" => listen.push(value("--listen")?.parse()?),
             "--token-file" => token_file = Some(PathBuf::from(value("--token-file")?)),
+            "--tokens-from-xenstore" => cfg.tokens_from_xenstore = true,
             "--vendor" => cfg.vendors.push(PathBuf::from(value("--vendor")?)),
             "--max-session-mem" => {
                 let v = value("--max-session-mem")?;

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod server;
 pub mod tokens;
+pub mod xs_tokens;
 
 mod api;
 mod conn;

@@ -30,6 +30,9 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(2);
         }
     };
+    if config.tokens_from_xenstore {
+        crane_proxy::xs_tokens::start(config.token_file.clone())?;
+    }
     let proxy = Proxy::start(config).context("crane-proxy cannot start")?;
     let mut out = std::io::stdout().lock();
     for a in proxy.addrs() {

@@ -120,6 +120,11 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn opened(&self, id: u64, tenant: &str, client: &str, counters: Arc<Counters>) {
         self.opened.fetch_add(1, Ordering::Relaxed);
+        // Rate-limited: a guest opening sessions in a loop must not flood the log.
+        limited!(
+            Level::Info,
+            "session {id} opened: tenant {tenant}, client {client}"
+        );
         if let Some(e) = self.lock().get_mut(&id) {
             e.info = Some((tenant.to_string(), client.to_string(), counters));
         }
@@ -398,6 +403,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(e) = self.shared.lock().remove(&self.id) {
             e.stream.shutdown(Shutdown::Both);
+            if let Some((tenant, _, _)) = &e.info {
+                limited!(Level::Info, "session {} closed: tenant {tenant}", self.id);
+            }
         }
         self.shared.connections.fetch_sub(1, Ordering::AcqRel);
     }

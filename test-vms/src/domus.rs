@@ -5,11 +5,13 @@
 //!   fastest);
 //! - the GPU guest (HVM): PoCL, crane's interposer as the guest's `libOpenCL.so.1`
 //!   (drop-in: `/usr/lib/crane` first in the library path, set in `/etc/profile`),
-//!   `cranectl` and the OpenCL test programs in `/usr/lib/crane/testapps`;
-//! - the proxy domain (PV): PoCL and `crane-proxy`, started at boot with its listen
-//!   address and token read from XenStore (files/crane-proxy-start). Until the proxy
-//!   binary exists (`target/release/crane-proxy`), a placeholder records how it was
-//!   started.
+//!   `cranectl`, `crane-agent` (started at boot, `/etc/crane/agent.toml`: the
+//!   stand-in's driver `e1000` is the GPU module it unloads and loads) and the OpenCL
+//!   test programs in `/usr/lib/crane/testapps`;
+//! - the proxy domain (PV): PoCL and `crane-proxy`, started at boot
+//!   (files/crane-proxy-start) with `--tokens-from-xenstore`: its token file follows
+//!   the tokens dom0's craned publishes;
+//! - dom0 (see `build_images`): craned, `crane` and the xl wrapper.
 //!
 //! PoCL with LLVM (260 MB) comes on a read-only disk that both domains mount
 //! ([`opencl_disk`]); their initramfs images hold links to it.
@@ -27,18 +29,17 @@ use crane_images::ImageSpec;
 const RUNNER: &str = include_str!("../files/crane-runner");
 const GUEST_PROFILE: &str = include_str!("../files/guest-profile");
 const PROXY_START: &str = include_str!("../files/crane-proxy-start");
-const PROXY_PLACEHOLDER: &str = include_str!("../files/crane-proxy-placeholder");
+const AGENT_TOML: &str = include_str!("../files/agent.toml");
+const AGENT_START: &str = include_str!("../files/crane-agent-start");
 
 /// Where the GPU guest keeps crane's interposer; `libOpenCL.so.1` there is a link to it.
 pub const GUEST_CRANE_DIR: &str = "/usr/lib/crane";
 /// The test programs inside the GPU guest.
 pub const GUEST_TESTAPPS_DIR: &str = "/usr/lib/crane/testapps";
-/// Files the proxy's start script writes: the address it read, the token file, and
-/// (placeholder only) the arguments the proxy got.
-pub const PROXY_STATE_DIR: &str = "/run/crane/proxy";
-/// The provisional XenStore directory (below `/local/domain/<domid>`) holding the
-/// proxy's `listen` and `token` keys; see files/crane-proxy-start.
-pub const PROXY_XENSTORE_DIR: &str = "crane/proxy";
+/// The proxy domain's token file, written from XenStore by crane-proxy itself.
+pub const PROXY_TOKEN_FILE: &str = "/run/crane/proxy/tokens";
+/// The port crane-proxy listens on in the proxy domain (all addresses).
+pub const PROXY_PORT: u16 = 7000;
 
 /// The programs built from this workspace that the images carry.
 #[derive(Debug, Clone)]
@@ -47,8 +48,12 @@ pub struct CraneArtifacts {
     pub cranectl: PathBuf,
     /// Output of testapps/build.sh (C programs only), with `programs.list`.
     pub testapps: PathBuf,
-    /// `crane-proxy`, when the workspace has built it.
-    pub proxy: Option<PathBuf>,
+    pub proxy: PathBuf,
+    pub agent: PathBuf,
+    /// dom0: the service, its client `crane`, the xl wrapper.
+    pub craned: PathBuf,
+    pub crane: PathBuf,
+    pub xl_wrapper: PathBuf,
 }
 
 /// The cargo target directory (`CARGO_TARGET_DIR`, or `target/` of the workspace).
@@ -59,8 +64,8 @@ pub fn target_dir() -> PathBuf {
 }
 
 impl CraneArtifacts {
-    /// Builds the interposer and cranectl (release) and the C test programs, unless
-    /// they are up to date, and finds `crane-proxy` if it was built.
+    /// Builds crane's programs (release) and the C test programs, unless they are up
+    /// to date.
     pub fn build() -> anyhow::Result<Self> {
         let root = crate::workspace_root();
         let target = target_dir();
@@ -74,6 +79,14 @@ impl CraneArtifacts {
                 "crane-opencl",
                 "-p",
                 "cranectl",
+                "-p",
+                "crane-agent",
+                "-p",
+                "crane-proxy",
+                "-p",
+                "craned",
+                "-p",
+                "crane-xl",
             ])
             .current_dir(&root)
             .status()
@@ -95,12 +108,18 @@ impl CraneArtifacts {
             ensure!(status.success(), "testapps/build.sh failed");
         }
         let release = target.join("release");
-        let proxy = release.join("crane-proxy");
+        let out = target.join("testbed/bin");
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let bin = |name: &str| stripped(&release.join(name), &out.join(name));
         Ok(Self {
-            interposer: release.join("libcrane_opencl.so"),
-            cranectl: release.join("cranectl"),
+            interposer: bin("libcrane_opencl.so")?,
+            cranectl: bin("cranectl")?,
             testapps,
-            proxy: proxy.is_file().then_some(proxy),
+            proxy: bin("crane-proxy")?,
+            agent: bin("crane-agent")?,
+            craned: bin("craned")?,
+            crane: bin("crane")?,
+            xl_wrapper: bin("xl")?,
         })
     }
 
@@ -119,6 +138,31 @@ impl CraneArtifacts {
         }
         Ok(programs)
     }
+}
+
+/// A copy of `binary` without debug information at `out` (made again when the binary
+/// is newer). The release profile keeps line tables for profiling; in an HVM guest's
+/// initramfs they cost boot time, since the guest's firmware loads the initramfs
+/// through emulated port I/O (18 MB took about 110 s).
+fn stripped(binary: &Path, out: &Path) -> anyhow::Result<PathBuf> {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified());
+    let source = modified(binary).with_context(|| format!("{} was not built", binary.display()))?;
+    if modified(out).is_ok_and(|t| t >= source) {
+        return Ok(out.to_path_buf());
+    }
+    let status = Command::new("strip")
+        .arg("--strip-debug")
+        .arg("-o")
+        .arg(out)
+        .arg(binary)
+        .status()
+        .context("running strip (binutils)")?;
+    ensure!(
+        status.success(),
+        "strip --strip-debug {} failed",
+        binary.display()
+    );
+    Ok(out.to_path_buf())
 }
 
 /// Whether the test programs in `out` are missing or older than a source file.
@@ -177,6 +221,10 @@ pub fn guest_spec(
             "libcrane_opencl.so",
         )
         .file(&artifacts.cranectl, "/usr/bin/cranectl", 0o755)
+        .file(&artifacts.agent, "/usr/sbin/crane-agent", 0o755)
+        .text("/etc/crane/agent.toml", AGENT_TOML, 0o644)
+        .text("/usr/sbin/crane-agent-start", AGENT_START, 0o755)
+        .service("/usr/sbin/crane-agent-start")
         .text("/etc/profile", GUEST_PROFILE, 0o644);
     for program in artifacts.programs()? {
         spec = spec.file(
@@ -188,18 +236,20 @@ pub fn guest_spec(
     Ok(spec)
 }
 
-/// The proxy domain: PoCL, the XenStore client, crane-proxy (or its placeholder) and
-/// the service that starts it with its settings from XenStore.
+/// The proxy domain: PoCL, the XenStore client (for operators), crane-proxy and the
+/// service that starts it, following the tokens dom0 publishes.
 pub fn proxy_spec(artifacts: &CraneArtifacts, opencl: &crane_images::ReadOnlyDisk) -> ImageSpec {
-    let spec = plain_spec()
+    plain_spec()
         .read_only_disk(opencl)
         .xenstore_client()
+        .file(&artifacts.proxy, "/usr/sbin/crane-proxy", 0o755)
+        .text(
+            "/etc/crane/crane-proxy.conf",
+            format!("LISTEN=tcp://0.0.0.0:{PROXY_PORT}\nTOKEN_FILE={PROXY_TOKEN_FILE}\n"),
+            0o644,
+        )
         .text("/usr/sbin/crane-proxy-start", PROXY_START, 0o755)
-        .service("/usr/sbin/crane-proxy-start");
-    match &artifacts.proxy {
-        Some(binary) => spec.file(binary, "/usr/sbin/crane-proxy", 0o755),
-        None => spec.text("/usr/sbin/crane-proxy", PROXY_PLACEHOLDER, 0o755),
-    }
+        .service("/usr/sbin/crane-proxy-start")
 }
 
 #[cfg(test)]
@@ -224,12 +274,16 @@ mod tests {
     }
 
     #[test]
-    fn proxy_image_uses_the_built_proxy_or_the_placeholder() {
-        let mut artifacts = CraneArtifacts {
+    fn proxy_image_starts_the_proxy_on_its_xenstore_tokens() {
+        let artifacts = CraneArtifacts {
             interposer: "/t/libcrane_opencl.so".into(),
             cranectl: "/t/cranectl".into(),
             testapps: "/t/testapps".into(),
-            proxy: None,
+            proxy: "/t/crane-proxy".into(),
+            agent: "/t/crane-agent".into(),
+            craned: "/t/craned".into(),
+            crane: "/t/crane".into(),
+            xl_wrapper: "/t/xl".into(),
         };
         let disk = crane_images::ReadOnlyDisk {
             image: "/t/opencl.sqfs".into(),
@@ -241,32 +295,22 @@ mod tests {
         assert_eq!(spec.disks.len(), 1);
         assert!(spec.modules.contains(&"xen-blkfront".to_owned()));
         assert!(
-            spec.texts
-                .iter()
-                .any(|(path, text, _)| path == Path::new("/usr/sbin/crane-proxy")
-                    && text.contains("placeholder"))
-        );
-        assert!(
             spec.services
                 .contains(&"/usr/sbin/crane-proxy-start".to_owned())
         );
-        assert!(
-            spec.package_paths
-                .contains(&PathBuf::from("/usr/bin/xenstore-read"))
-        );
-        artifacts.proxy = Some("/t/crane-proxy".into());
-        let spec = proxy_spec(&artifacts, &disk);
         assert!(
             spec.files
                 .iter()
                 .any(|f| f.dest == Path::new("/usr/sbin/crane-proxy")
                     && f.source == Path::new("/t/crane-proxy"))
         );
-        assert!(
-            !spec
-                .texts
-                .iter()
-                .any(|(path, _, _)| path == Path::new("/usr/sbin/crane-proxy"))
-        );
+        assert!(PROXY_START.contains("--tokens-from-xenstore"));
+        let conf = spec
+            .texts
+            .iter()
+            .find(|(path, _, _)| path == Path::new("/etc/crane/crane-proxy.conf"))
+            .map(|(_, text, _)| text.clone())
+            .expect("the proxy's settings");
+        assert!(conf.contains("LISTEN=tcp://0.0.0.0:7000\n"), "{conf}");
     }
 }

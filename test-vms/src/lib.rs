@@ -72,6 +72,9 @@ pub fn build_images(paths: &Paths) -> anyhow::Result<TestbedImages> {
         .file(&crane_guest, CRANE_GUEST_INITRD, 0o644)
         .file(&proxy, PROXY_INITRD, 0o644)
         .file(&opencl.image, domus::OPENCL_DISK, 0o444)
+        .file(&artifacts.craned, "/usr/sbin/craned", 0o755)
+        .file(&artifacts.crane, "/usr/sbin/crane", 0o755)
+        .file(&artifacts.xl_wrapper, scenario::WRAPPER, 0o755)
         .service("/usr/sbin/crane-runner /dev/ttyS1");
     Ok(TestbedImages {
         boot: Images {

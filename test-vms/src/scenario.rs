@@ -1,29 +1,37 @@
-//! crane on the emulated Xen hosts, the suspend path (stop-and-copy of GPU state):
+//! crane on the emulated Xen hosts, the way an operator runs it:
 //!
-//! 1. host 0 runs the proxy domain (PV), which starts `crane-proxy` with its settings
-//!    from XenStore, and the GPU guest (HVM), which gets the stand-in GPU (an e1000
-//!    passed through, its driver standing in for the GPU driver);
-//! 2. an OpenCL program runs natively in the guest (ICD loader, PoCL), then again
-//!    under crane (the guest's drop-in `libOpenCL.so.1`);
-//! 3. while it runs: `cranectl suspend all` (GPU state to RAM, vendor library
-//!    unloaded), the guest unloads the GPU driver, dom0 detaches the GPU (`xl
-//!    pci-detach`), the guest live-migrates (`xl migrate`) to the same host, and with
-//!    two hosts once more to host 1; there the guest gets that host's GPU (attach,
-//!    driver loaded) and `cranectl resume all` rebuilds every OpenCL object;
-//! 4. the program must end with exit status 0 and the same result as the native run.
+//! 1. dom0 of every host runs `craned` (its configuration written here: the GPU pool
+//!    is the host's stand-in GPU, an e1000 passed through, whose driver stands in for
+//!    the GPU driver) and has the xl wrapper at `/usr/local/sbin/xl`. craned on host 0
+//!    creates and supervises the proxy domain (PV) and gives it its own stand-in GPU;
+//!    crane-proxy there follows the tokens craned publishes in XenStore. The other
+//!    host's craned uses that proxy across the linked bridges;
+//! 2. the GPU guest (HVM) runs `crane-agent`; it gets host 0's GPU. An OpenCL program
+//!    runs natively in the guest (ICD loader, PoCL), then again under crane (the
+//!    guest's drop-in `libOpenCL.so.1`), and holds halfway: it keeps checking its
+//!    device buffer against its host mirror with small blocking reads;
+//! 3. meanwhile, through the wrapper: `xl migrate` to the same host and then to host 1
+//!    (live, xl's own transport): craned asks the agent to prepare, the agent moves
+//!    the program to crane-proxy (remote mode), unloads the GPU driver, craned
+//!    detaches the GPU, xl migrates, the destination's craned attaches its GPU, the
+//!    agent loads the driver, waits until the device is bound and brings the program
+//!    back onto it; then `xl save` and `xl restore` on host 1 (stop-and-copy: the
+//!    program is parked, not remoted). A monitor in the guest samples crane's view of
+//!    the program all along;
+//! 4. the program is released, must end with exit status 0 and the same result as
+//!    the native run, and must have been seen running remote.
 //!
 //! The end-to-end tier (tests/xen_host.rs) runs this with two hosts; `cargo xtask
-//! demo` runs it as the demo. The remoting path (the program forwarded to the proxy
-//! while the guest has no GPU) and the dom0/agent automation come later.
+//! demo` runs it as the demo (one host: the same-host migration and stop-and-copy).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use crane_control::{AppStatus, Mode, Phase, Residue};
+use crane_control::{AppStatus, Mode};
 
-use crate::domus::{GUEST_TESTAPPS_DIR, PROXY_STATE_DIR, PROXY_XENSTORE_DIR};
-use crate::host::{GUEST_STANDIN_BDF, dom0_address, shell_quote};
+use crate::domus::{GUEST_TESTAPPS_DIR, PROXY_PORT, PROXY_TOKEN_FILE};
+use crate::host::{GUEST_STANDIN_BDF, PROXY_STANDIN_BDF, dom0_address, shell_quote};
 use crate::session::Session;
 use crate::xl::{DomainKind, DomuConfig, find_domain, parse_xl_list, standin_slot};
 
@@ -33,20 +41,34 @@ pub const GUEST: &str = "gpuguest";
 pub const PROXY: &str = "proxy";
 pub const PROXY_IP: &str = "10.77.0.2";
 pub const GUEST_IP: &str = "10.77.0.3";
-/// The port crane-proxy is told to listen on.
-pub const PROXY_PORT: u16 = 7000;
 /// Memory of the GPU guest. A live migration copies all of it, so it is kept small:
 /// the OpenCL runtime comes from a disk, its pages are only cached. PoCL compiling a
 /// program caches about 150 MB of LLVM; with 256 MB the guest thrashed (every evicted
 /// page is decompressed again from squashfs) and, after minutes, triple-faulted.
 pub const GUEST_MEMORY_MIB: u32 = 384;
-/// Memory of the proxy domain (PV, never live-migrated).
-pub const PROXY_MEMORY_MIB: u32 = 256;
+/// Memory of the proxy domain (PV, never live-migrated). PoCL compiling a program
+/// takes about 150 MB of LLVM: with 256 MB, crane-proxy died rebuilding the guest's
+/// program. (The tier's `xl save` of the proxy must fit in dom0's /run tmpfs.)
+pub const PROXY_MEMORY_MIB: u32 = 384;
 const MIGRATION_PORT: u16 = 8002;
-/// Where the program under crane runs in the guest: its pid, output and exit status.
+/// Where the program under crane runs in the guest: its pid, output, exit status, the
+/// file that releases it from its hold, and the monitor's samples.
 const APP_DIR: &str = "/tmp/crane-app";
+/// The xl wrapper in dom0; `/usr/sbin/xl` is Debian's.
+pub const WRAPPER: &str = "/usr/local/sbin/xl";
+/// The secret every host's craned derives the guests' proxy tokens from.
+const TOKEN_SECRET: &str = "e2e-secret-0123456789abcdef0123456789abcdef\n";
+/// The deadline craned gives the guest agent to prepare a move and to resume. Under
+/// software emulation PoCL compiles a program in 40 s or more (pingpong: 40 s in the
+/// guest; the proxy compiles it again when the program first goes remote), where a
+/// GPU driver takes a tenth of a second; the defaults (30 s, 60 s) are for GPUs.
+const MOVE_DEADLINE_MS: u64 = 300_000;
+/// Where a stop-and-copy keeps the guest: dom0's tmpfs (its root file system, which
+/// carries the domU images, has no room for the guest's memory).
+const SAVE_FILE: &str = "/run/xen-save/gpuguest.chk";
 
-/// The OpenCL program the scenario runs: one of the test programs in the guest.
+/// The OpenCL program the scenario runs: one of the test programs in the guest. It
+/// must honour `TESTAPP_HOLD` (testapps/c/pingpong.c does).
 #[derive(Debug, Clone)]
 pub struct App {
     pub program: String,
@@ -54,13 +76,12 @@ pub struct App {
 }
 
 impl Default for App {
-    /// `pingpong`, long enough (about 30 s in the guest) that suspends land while it
-    /// runs: its kernel arguments are re-set every iteration and its buffers rotate,
-    /// so any state crane failed to rebuild shows in the result.
+    /// `pingpong`: its kernel arguments are re-set every iteration and its buffers
+    /// rotate, so any state crane failed to rebuild shows in the result.
     fn default() -> Self {
         Self {
             program: "pingpong".into(),
-            args: vec!["--iters".into(), "40000".into()],
+            args: vec!["--iters".into(), "10000".into()],
         }
     }
 }
@@ -104,63 +125,39 @@ impl AppRun {
     }
 }
 
-/// What `cranectl --json suspend|resume` reports for one process.
-#[derive(Debug, Clone, serde::Deserialize)]
-pub struct Transition {
-    pub pid: u32,
-    pub phases: Vec<Phase>,
-    #[serde(default)]
-    pub residue: Option<Residue>,
+/// How the guest moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// `xl migrate` through the wrapper (remote mode).
+    Live { from: usize, to: usize },
+    /// `xl save` then `xl restore` through the wrapper on one host (stop-and-copy).
+    SaveRestore { host: usize },
 }
 
-impl Transition {
-    pub fn total_ms(&self) -> f64 {
-        self.phases.iter().map(|p| p.ms).sum()
-    }
-
-    /// `drain 20.0 ms, read-dirty 9.3 ms (196608 B), ...`
-    pub fn describe(&self) -> String {
-        self.phases
-            .iter()
-            .map(|p| {
-                if p.bytes > 0 {
-                    format!("{} {:.1} ms ({} B)", p.name, p.ms, p.bytes)
-                } else {
-                    format!("{} {:.1} ms", p.name, p.ms)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
-/// A live migration of the guest.
+/// One move of the guest through the wrapper, and what crane did meanwhile.
 #[derive(Debug, Clone)]
 pub struct Migration {
-    pub from: usize,
-    pub to: usize,
+    pub how: Move,
     pub domid_before: u32,
     pub domid_after: u32,
     pub uptime_before: f64,
     pub uptime_after: f64,
     pub seconds: f64,
-}
-
-/// One suspend → detach → migrate → attach → resume round.
-#[derive(Debug, Clone)]
-pub struct Cycle {
-    pub suspend: Transition,
-    pub migration: Migration,
-    pub resume: Transition,
+    /// The wrappers' progress lines (source, then destination).
+    pub log: String,
+    /// The modes the guest's monitor saw the program in while it moved.
+    pub modes_seen: Vec<Mode>,
 }
 
 /// What the proxy domain showed.
 #[derive(Debug, Clone)]
 pub struct ProxyCheck {
-    /// `placeholder` (with the arguments it got) or `running`.
-    pub crane_proxy: String,
     /// `clinfo -l` in the proxy domain.
     pub opencl: String,
+    /// The slot at which the proxy sees its own stand-in GPU.
+    pub gpu_slot: String,
+    /// crane-proxy's log at the end.
+    pub log: String,
 }
 
 #[derive(Debug, Clone)]
@@ -172,67 +169,50 @@ pub struct Report {
     pub crane: AppRun,
     /// The program's pid in the guest (the same all along).
     pub pid: u32,
-    pub cycles: Vec<Cycle>,
+    pub migrations: Vec<Migration>,
 }
 
 impl Report {
     /// A human summary, one line per step.
     pub fn summary(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "proxy domain: crane-proxy {}", self.proxy.crane_proxy);
+        let _ = writeln!(
+            out,
+            "proxy domain: crane-proxy running, its own GPU at {}",
+            self.proxy.gpu_slot
+        );
         let _ = writeln!(
             out,
             "native run in the guest:  {}  (status {}, {:.1} s)",
             self.native.result, self.native.status, self.native.seconds
         );
-        for cycle in &self.cycles {
-            let m = &cycle.migration;
+        for m in &self.migrations {
+            let how = match m.how {
+                Move::Live { from, to } => format!("xl migrate host {from} -> host {to}"),
+                Move::SaveRestore { host } => format!("xl save + xl restore on host {host}"),
+            };
             let _ = writeln!(
                 out,
-                "suspended pid {} in {:.0} ms ({}); live migration host {} -> host {} in {:.1} s \
-                 (domain {} -> {}); resumed in {:.0} ms ({})",
-                cycle.suspend.pid,
-                cycle.suspend.total_ms(),
-                cycle.suspend.describe(),
-                m.from,
-                m.to,
-                m.seconds,
-                m.domid_before,
-                m.domid_after,
-                cycle.resume.total_ms(),
-                cycle.resume.describe()
+                "{how}: {:.1} s (domain {} -> {}); pid {} seen {:?}",
+                m.seconds, m.domid_before, m.domid_after, self.pid, m.modes_seen
             );
+            for line in m.log.lines().filter(|l| l.starts_with("crane:")) {
+                let _ = writeln!(out, "    {line}");
+            }
         }
         let _ = writeln!(
             out,
-            "under crane:              {}  (status {}, {:.1} s, {} migration(s))",
+            "under crane:              {}  (status {}, {:.1} s, {} move(s))",
             self.crane.result,
             self.crane.status,
             self.crane.seconds,
-            self.cycles.len()
+            self.migrations.len()
         );
         out
     }
 }
 
-/// The provisional settings dom0 publishes for crane-proxy (files/crane-proxy-start).
-#[derive(Debug, Clone)]
-pub struct ProxySettings {
-    pub listen: String,
-    pub token: String,
-}
-
-impl ProxySettings {
-    pub fn generate() -> anyhow::Result<Self> {
-        let mut bytes = [0u8; 16];
-        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
-        Ok(Self {
-            listen: format!("{PROXY_IP}:{PROXY_PORT}"),
-            token: bytes.iter().map(|b| format!("{b:02x}")).collect(),
-        })
-    }
-}
-
+/// The proxy domain's xl configuration (craned creates the domain from it).
 pub fn proxy_config() -> DomuConfig {
     DomuConfig {
         name: PROXY.into(),
@@ -251,6 +231,92 @@ pub fn guest_config() -> DomuConfig {
         memory_mib: GUEST_MEMORY_MIB,
         ramdisk: crate::CRANE_GUEST_INITRD.into(),
     }
+}
+
+/// craned's configuration on host `host`: host 0 runs the proxy domain (with its own
+/// GPU), every host gives its stand-in GPU to the guest and points the guest's
+/// processes at the proxy.
+pub fn craned_config(host: usize) -> String {
+    let proxy = if host == 0 {
+        format!(
+            "domain = \"{PROXY}\"\nconfig = \"/etc/xen/crane/{PROXY}.cfg\"\ngpu = \"{PROXY_STANDIN_BDF}\"\n"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "guests = [\"{GUEST}\"]\ntick_ms = 1000\nagent_timeout_ms = 120000\n\
+         migrate_deadline_ms = {MOVE_DEADLINE_MS}\nresume_deadline_ms = {MOVE_DEADLINE_MS}\n\
+         [gpus]\npool = [\"{GUEST_STANDIN_BDF}\"]\n\
+         [proxy]\naddress = \"tcp://{PROXY_IP}:{PROXY_PORT}\"\n{proxy}\
+         [tokens]\nsecret_file = \"/etc/crane/token-secret\"\n"
+    )
+}
+
+/// Writes craned's configuration, the token secret and the proxy's xl configuration
+/// in every dom0 (idempotent).
+pub fn write_dom0_configs(s: &Session) -> anyhow::Result<()> {
+    for host in 0..s.hosts.len() {
+        s.dom0(
+            host,
+            &format!(
+                "mkdir -p /etc/crane /etc/xen/crane /run/crane /run/xen-save && \
+                 cat > /etc/xen/crane/{PROXY}.cfg <<'CFG'\n{}CFG\n\
+                 cat > /etc/crane/craned.toml <<'CFG'\n{}CFG\n\
+                 (umask 077 && printf %s {} > /etc/crane/token-secret)",
+                proxy_config().render(),
+                craned_config(host),
+                shell_quote(TOKEN_SECRET),
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// Starts craned on every host (configurations as [`write_dom0_configs`]); waits
+/// until `crane status` answers. On host 0 craned creates the proxy domain if it does
+/// not run yet.
+pub fn start_craned(s: &Session) -> anyhow::Result<()> {
+    write_dom0_configs(s)?;
+    for host in 0..s.hosts.len() {
+        s.dom0(
+            host,
+            "RUST_LOG=info setsid /usr/sbin/craned > /var/log/craned.log 2>&1 < /dev/null &",
+        )?;
+    }
+    for host in 0..s.hosts.len() {
+        wait_dom0(
+            s,
+            host,
+            "/usr/sbin/crane status --json",
+            Duration::from_secs(60),
+            |o| o.contains("\"guests\""),
+        )
+        .with_context(|| format!("craned on host {host} does not answer"))?;
+    }
+    Ok(())
+}
+
+/// Polls a dom0 command until it succeeds with output `ok` accepts; its output.
+pub fn wait_dom0(
+    s: &Session,
+    host: usize,
+    script: &str,
+    limit: Duration,
+    ok: impl Fn(&str) -> bool,
+) -> anyhow::Result<String> {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < limit {
+        if let Ok(out) = s.try_dom0(host, script) {
+            if out.success() && ok(&out.stdout_text()) {
+                return Ok(out.stdout_text());
+            }
+            last = out.stdout_text() + &out.stderr_text();
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    bail!("`{script}` on host {host} did not reach the expected state in {limit:?}; last: {last}")
 }
 
 pub fn create_domain(s: &Session, host: usize, config: &DomuConfig) -> anyhow::Result<()> {
@@ -274,106 +340,70 @@ pub fn wait_booted(s: &Session, host: usize, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes the proxy's settings below its XenStore home, where its start script looks.
-pub fn publish_proxy_settings(
-    s: &Session,
-    host: usize,
-    settings: &ProxySettings,
-) -> anyhow::Result<()> {
-    s.dom0(
-        host,
-        &format!(
-            "id=$(xl domid {PROXY}) && keys=/local/domain/$id/{PROXY_XENSTORE_DIR} && \
-             xenstore-write $keys/listen {} $keys/token {}",
-            shell_quote(&settings.listen),
-            shell_quote(&settings.token)
-        ),
-    )?;
-    Ok(())
-}
-
-/// Creates the proxy domain and the GPU guest on host 0, publishes the proxy's
-/// settings, and waits until both answer.
-pub fn create_domains(s: &mut Session) -> anyhow::Result<ProxySettings> {
-    create_domain(s, 0, &proxy_config())?;
-    let settings = ProxySettings::generate()?;
-    publish_proxy_settings(s, 0, &settings)?;
-    create_domain(s, 0, &guest_config())?;
+/// Waits until craned has created the proxy domain and given it its GPU, crane-proxy
+/// runs there with the guest's token in its token file (mode 0600), and PoCL works.
+pub fn check_proxy(s: &Session) -> anyhow::Result<ProxyCheck> {
+    wait_dom0(s, 0, "xl list", Duration::from_secs(60), |o| {
+        find_domain(&parse_xl_list(o), PROXY).is_some()
+    })
+    .context("craned did not create the proxy domain")?;
     wait_booted(s, 0, PROXY)?;
-    wait_booted(s, 0, GUEST)?;
-    s.phase("create the proxy domain (PV) and the GPU guest (HVM), both answer");
-    Ok(settings)
-}
-
-/// Checks that the proxy domain started crane-proxy with the settings from XenStore
-/// (the token in a file only root can read) and that PoCL works there.
-pub fn check_proxy(
-    s: &Session,
-    host: usize,
-    settings: &ProxySettings,
-) -> anyhow::Result<ProxyCheck> {
-    let dir = PROXY_STATE_DIR;
-    let listen = s.wait_domu(
-        host,
+    let tokens = s.wait_domu(
+        0,
         PROXY,
-        &format!("cat {dir}/listen"),
+        &format!("stat -c %a {PROXY_TOKEN_FILE} && grep -c ' {GUEST}$' {PROXY_TOKEN_FILE}; true"),
         Duration::from_secs(60),
-        |out| !out.trim().is_empty(),
+        |out| out.lines().nth(1) == Some("1"),
     )?;
     ensure!(
-        listen.trim() == settings.listen,
-        "the proxy read listen address {listen:?} from XenStore, dom0 wrote {:?}",
-        settings.listen
+        tokens.lines().next() == Some("600"),
+        "crane-proxy's token file has mode {tokens:?}"
     );
-    let token = s.domu(
-        host,
+    s.wait_domu(
+        0,
         PROXY,
-        &format!("stat -c %a {dir}/token; cat {dir}/token"),
-    )?;
-    let (mode, token) = token.split_once('\n').unwrap_or_default();
-    ensure!(mode == "600", "the token file has mode {mode}");
-    ensure!(
-        token == settings.token,
-        "the proxy's token file does not hold the token from XenStore"
-    );
-    // The placeholder records its arguments; the real proxy must be running.
-    let started = s.wait_domu(
-        host,
-        PROXY,
-        &format!(
-            "if [ -e {dir}/placeholder-args ]; then echo placeholder; cat {dir}/placeholder-args; \
-             elif pidof crane-proxy > /dev/null; then echo running; fi"
-        ),
+        "pidof crane-proxy",
         Duration::from_secs(30),
         |out| !out.trim().is_empty(),
     )?;
-    let mut lines = started.lines();
-    let crane_proxy = match lines.next() {
-        Some("placeholder") => {
-            let args: Vec<&str> = lines.collect();
-            let token_file = format!("{dir}/token");
-            ensure!(
-                args == [
-                    "--listen",
-                    settings.listen.as_str(),
-                    "--token-file",
-                    &token_file
-                ],
-                "the proxy placeholder got the arguments {args:?}"
-            );
-            format!("placeholder, started with {}", args.join(" "))
-        }
-        _ => "running".to_owned(),
-    };
-    let opencl = s.domu(host, PROXY, "clinfo -l")?;
+    let opencl = s.domu(0, PROXY, "clinfo -l")?;
     ensure!(
         opencl.contains("Portable Computing Language"),
         "PoCL is not an OpenCL platform in the proxy domain: {opencl}"
     );
+    // craned passes the proxy its own GPU; pcifront shows it and its driver binds it.
+    let lspci = s.wait_domu(
+        0,
+        PROXY,
+        "lspci -n 2>&1; true",
+        Duration::from_secs(90),
+        |out| standin_slot(out).is_some(),
+    )?;
+    let gpu_slot = standin_slot(&lspci).context("the proxy's GPU vanished from lspci")?;
+    s.wait_domu(
+        0,
+        PROXY,
+        &format!("readlink /sys/bus/pci/devices/0000:{gpu_slot}/driver"),
+        Duration::from_secs(60),
+        |out| out.contains("drivers/e1000"),
+    )?;
     Ok(ProxyCheck {
-        crane_proxy,
         opencl,
+        gpu_slot,
+        log: String::new(),
     })
+}
+
+/// Waits until the guest's agent has published its state in XenStore (craned set up
+/// its keys) and the state is `want`.
+pub fn wait_agent(s: &Session, host: usize, want: &str) -> anyhow::Result<String> {
+    wait_dom0(
+        s,
+        host,
+        &format!("xenstore-read /local/domain/$(xl domid {GUEST})/crane/agent/state"),
+        Duration::from_secs(300),
+        |o| o.split_whitespace().any(|f| f == format!("state={want}")),
+    )
 }
 
 /// `readlink` of the GPU's driver and its network interfaces (the e1000 has one).
@@ -417,21 +447,41 @@ pub fn attach_gpu(s: &Session, host: usize) -> anyhow::Result<String> {
     Ok(slot)
 }
 
-/// The guest lets go of its GPU the way a guest agent will: the driver unloads, then
-/// dom0 detaches the device (Xen refuses log-dirty mode, hence live migration, while
-/// a PCI device is assigned).
-pub fn detach_gpu(s: &Session, host: usize) -> anyhow::Result<()> {
+/// Passes `host`'s stand-in GPU through to the guest when it is created (craned hands
+/// out GPUs to guests that arrive by migration; a guest's first GPU is its operator's
+/// doing) and waits until the guest's GPU driver (e1000) is bound to it; returns the
+/// slot the guest sees it at.
+pub fn attach_first_gpu(s: &Session, host: usize) -> anyhow::Result<String> {
     let bdf = GUEST_STANDIN_BDF;
-    s.domu(host, GUEST, "rmmod e1000")?;
-    s.dom0(host, &format!("xl pci-detach {GUEST} {bdf}"))?;
-    ensure!(
-        !s.dom0(host, &format!("xl pci-list {GUEST}"))?.contains(bdf),
-        "{bdf} is still attached to {GUEST} on host {host}"
-    );
-    s.wait_domu(host, GUEST, "lspci -n", Duration::from_secs(60), |out| {
-        standin_slot(out).is_none()
+    s.dom0(
+        host,
+        &format!(
+            "xl pci-assignable-list | grep -q {bdf} || xl pci-assignable-add {bdf}\n\
+             xl pci-attach {GUEST} {bdf}"
+        ),
+    )?;
+    wait_gpu_bound(s, host)
+}
+
+/// Waits until the guest sees its GPU and the driver is bound; the slot.
+fn wait_gpu_bound(s: &Session, host: usize) -> anyhow::Result<String> {
+    let lspci = s.wait_domu(host, GUEST, "lspci -n", Duration::from_secs(60), |out| {
+        standin_slot(out).is_some()
     })?;
-    Ok(())
+    let slot = standin_slot(&lspci).context("the GPU vanished from lspci")?;
+    s.domu(
+        host,
+        GUEST,
+        "grep -q '^e1000 ' /proc/modules || insmod $(grep /e1000.ko /etc/crane/modules)",
+    )?;
+    s.wait_domu(
+        host,
+        GUEST,
+        &gpu_bound_script(&slot),
+        Duration::from_secs(60),
+        |out| out.contains("drivers/e1000") && out.contains("eth"),
+    )?;
+    Ok(slot)
 }
 
 fn guest_uptime(s: &Session, host: usize) -> anyhow::Result<f64> {
@@ -443,64 +493,6 @@ fn guest_uptime(s: &Session, host: usize) -> anyhow::Result<f64> {
 
 fn guest_domid(s: &Session, host: usize) -> anyhow::Result<Option<u32>> {
     Ok(find_domain(&parse_xl_list(&s.dom0(host, "xl list")?), GUEST).map(|d| d.id))
-}
-
-/// Live-migrates the guest from host `from` to host `to` (the same host, or the other
-/// one over TCP with xl's own transport: `-s ''` makes xl run the "host" argument as
-/// the transport command, here socat to a listener that hands the socket to
-/// `xl migrate-receive`; no ssh).
-pub fn migrate(s: &Session, from: usize, to: usize) -> anyhow::Result<Migration> {
-    let uptime_before = guest_uptime(s, from)?;
-    let domid_before = guest_domid(s, from)?.context("the guest is not running")?;
-    let started = Instant::now();
-    if from == to {
-        s.dom0(
-            from,
-            &format!("xl migrate -s '' {GUEST} 'xl migrate-receive'"),
-        )?;
-    } else {
-        s.dom0(
-            to,
-            &format!(
-                "setsid nc -l -p {MIGRATION_PORT} -e xl migrate-receive \
-                 > /var/log/xen/migrate-receive.log 2>&1 < /dev/null &"
-            ),
-        )?;
-        s.dom0(
-            from,
-            &format!(
-                "xl migrate -s '' {GUEST} 'socat -b 262144 - TCP:{}:{MIGRATION_PORT}'",
-                dom0_address(to)
-            ),
-        )?;
-        ensure!(
-            guest_domid(s, from)?.is_none(),
-            "the guest still runs on host {from} after migrating to host {to}"
-        );
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let domid_after = guest_domid(s, to)?
-        .with_context(|| format!("the guest does not run on host {to} after migrating"))?;
-    if from == to {
-        ensure!(
-            domid_after != domid_before,
-            "a migration to the same host creates a new domain"
-        );
-    }
-    let uptime_after = guest_uptime(s, to)?;
-    ensure!(
-        uptime_after > uptime_before,
-        "the guest did not keep running: uptime {uptime_before} -> {uptime_after}"
-    );
-    Ok(Migration {
-        from,
-        to,
-        domid_before,
-        domid_after,
-        uptime_before,
-        uptime_after,
-        seconds,
-    })
 }
 
 /// Runs the program in the guest natively: the ICD loader and PoCL, no crane.
@@ -521,18 +513,28 @@ pub fn run_native(s: &Session, host: usize, app: &App) -> anyhow::Result<AppRun>
 }
 
 /// Starts the program in the background in the guest, under crane (the guest's
-/// environment puts crane's `libOpenCL.so.1` first); returns its pid.
+/// environment puts crane's `libOpenCL.so.1` first), holding halfway until released,
+/// and a monitor that samples crane's view of it every second (cranectl costs
+/// 0.13 s of the guest's one emulated CPU); returns its pid.
 pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<u32> {
     let runner = format!(
-        "cd {APP_DIR}\n{} > out 2> err &\necho $! > pid\nwait $!\necho $? > status\n",
+        "cd {APP_DIR}\nTESTAPP_HOLD={APP_DIR}/release {} > out 2> err &\necho $! > pid\n\
+         wait $!\necho $? > status\n",
         app.command_line()
+    );
+    let monitor = format!(
+        "while [ ! -e {APP_DIR}/status ]; do\n\
+         cranectl --json list 2>/dev/null | grep '^{{' >> {APP_DIR}/modes\n\
+         sleep 1\ndone\n"
     );
     s.domu(
         host,
         GUEST,
         &format!(
             "rm -rf {APP_DIR} && mkdir -p {APP_DIR} && cat > {APP_DIR}/run <<'RUN'\n{runner}RUN\n\
-             setsid sh {APP_DIR}/run < /dev/null > /dev/null 2>&1 &"
+             cat > {APP_DIR}/monitor <<'RUN'\n{monitor}RUN\n\
+             setsid sh {APP_DIR}/run < /dev/null > /dev/null 2>&1 &\n\
+             setsid sh {APP_DIR}/monitor < /dev/null > /dev/null 2>&1 &"
         ),
     )?;
     let pid = s.wait_domu(
@@ -558,85 +560,195 @@ pub fn app_status(s: &Session, host: usize, pid: u32) -> anyhow::Result<Option<A
     Ok(None)
 }
 
-/// Waits until the program under crane has built its kernels (it is in its loop), and
-/// checks that crane, not the ICD loader, is its `libOpenCL.so.1`.
-pub fn wait_in_loop(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppStatus> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Some(status) = app_status(s, host, pid)?
-            && status.objects.kernels > 0
-        {
-            let maps = s.domu(host, GUEST, &format!("cat /proc/{pid}/maps"))?;
-            ensure!(
-                maps.contains("/usr/lib/crane/libcrane_opencl.so"),
-                "pid {pid} does not have crane's interposer mapped"
-            );
-            ensure!(
-                !maps.contains("libOpenCL.so.1"),
-                "pid {pid} has the ICD loader mapped besides crane"
-            );
-            return Ok(status);
-        }
-        let alive = s.domu(
-            host,
-            GUEST,
-            &format!("[ -d /proc/{pid} ] && echo alive || true"),
-        )?;
-        if alive.trim() != "alive" {
-            let err = s.domu(host, GUEST, &format!("cat {APP_DIR}/err"))?;
-            bail!("the program ended before it built its kernels: {err}");
-        }
-        if Instant::now() > deadline {
-            bail!("the program under crane built no kernel within 300 s");
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    }
-}
-
-fn transition(s: &Session, host: usize, verb: &str, want: Mode) -> anyhow::Result<Transition> {
-    let out = s.domu_timeout(
+/// Waits until the program under crane holds halfway (its kernels built, its first
+/// half done), and checks that crane, not the ICD loader, is its `libOpenCL.so.1`.
+pub fn wait_holding(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppStatus> {
+    s.wait_domu(
         host,
         GUEST,
-        &format!("cranectl --json {verb} all --deadline-ms 60000"),
-        Duration::from_secs(180),
+        &format!(
+            "cat {APP_DIR}/err; [ -d /proc/{pid} ] || {{ echo; echo ended; cat {APP_DIR}/status; }}"
+        ),
+        Duration::from_secs(600),
+        |out| out.contains("holding at iteration") || out.contains("\nended"),
+    )
+    .and_then(|out| {
+        ensure!(
+            out.contains("holding at iteration"),
+            "the program ended before its hold: {out}"
+        );
+        Ok(())
+    })?;
+    let maps = s.domu(host, GUEST, &format!("cat /proc/{pid}/maps"))?;
+    ensure!(
+        maps.contains("/usr/lib/crane/libcrane_opencl.so"),
+        "pid {pid} does not have crane's interposer mapped"
+    );
+    ensure!(
+        !maps.contains("libOpenCL.so.1"),
+        "pid {pid} has the ICD loader mapped besides crane"
+    );
+    let status = app_status(s, host, pid)?.context("the program has no control socket")?;
+    ensure!(
+        status.mode == Mode::Passthrough && status.objects.kernels > 0,
+        "pid {pid} before any move: {status:?}"
+    );
+    Ok(status)
+}
+
+/// The modes the monitor recorded for `pid` from sample `from` on, in order, each
+/// run of equal modes once; and the number of samples so far.
+fn modes_since(
+    s: &Session,
+    host: usize,
+    pid: u32,
+    from: usize,
+) -> anyhow::Result<(Vec<Mode>, usize)> {
+    let text = s.domu_timeout(
+        host,
+        GUEST,
+        &format!("cat {APP_DIR}/modes 2>/dev/null; true"),
+        Duration::from_secs(60),
     )?;
-    let mut reports: Vec<Transition> = Vec::new();
-    for line in out.lines().filter(|l| l.starts_with('{')) {
-        reports.push(
-            serde_json::from_str(line)
-                .with_context(|| format!("parsing cranectl's {verb} line {line:?}"))?,
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+    let mut seen: Vec<Mode> = Vec::new();
+    for line in lines.iter().skip(from) {
+        // A line cut short by the guest pausing mid-write is skipped.
+        let Ok(status) = serde_json::from_str::<AppStatus>(line) else {
+            continue;
+        };
+        if status.pid == pid && seen.last() != Some(&status.mode) {
+            seen.push(status.mode);
+        }
+    }
+    Ok((seen, lines.len()))
+}
+
+/// Runs a wrapper command in dom0; its output and stderr (the wrapper's progress),
+/// failing with both when it fails.
+fn wrapper(s: &Session, host: usize, args: &str) -> anyhow::Result<String> {
+    // prepare-migrate and prepare-resume each may take up to their deadline.
+    let limit = Duration::from_millis(3 * MOVE_DEADLINE_MS);
+    let out = s.try_dom0_timeout(host, &format!("{WRAPPER} {args}"), limit)?;
+    let log = out.stderr_text();
+    ensure!(
+        out.success(),
+        "`xl {args}` through the wrapper on host {host} failed with status {}:\n{}{log}",
+        out.status,
+        out.stdout_text()
+    );
+    Ok(log)
+}
+
+/// Moves the guest through the wrapper (see [`Move`]) while the program holds, and
+/// checks what crane did: the wrappers report each step, the guest kept running (live)
+/// or came back (restore) in a new domain, it has its GPU again with the driver bound,
+/// the agent is back in `passthrough`, and so is the program.
+pub fn move_guest(
+    s: &Session,
+    how: Move,
+    pid: u32,
+    samples: &mut usize,
+) -> anyhow::Result<Migration> {
+    let (from, to) = match how {
+        Move::Live { from, to } => (from, to),
+        Move::SaveRestore { host } => (host, host),
+    };
+    let uptime_before = guest_uptime(s, from)?;
+    let domid_before = guest_domid(s, from)?.context("the guest is not running")?;
+    let started = Instant::now();
+    let mut log = match how {
+        Move::Live { from, to } if from == to => wrapper(
+            s,
+            from,
+            &format!("migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"),
+        )?,
+        Move::Live { from, to } => {
+            s.dom0(
+                to,
+                &format!(
+                    "setsid nc -l -p {MIGRATION_PORT} -e {WRAPPER} migrate-receive \
+                     > /var/log/xen/migrate-receive.log 2>&1 < /dev/null &"
+                ),
+            )?;
+            let log = wrapper(
+                s,
+                from,
+                &format!(
+                    "migrate -s '' {GUEST} 'socat -b 262144 - TCP:{}:{MIGRATION_PORT}'",
+                    dom0_address(to)
+                ),
+            )?;
+            ensure!(
+                guest_domid(s, from)?.is_none(),
+                "the guest still runs on host {from} after migrating to host {to}"
+            );
+            // The receiving wrapper gives the guest its GPU after xl is done.
+            let received = wait_dom0(
+                s,
+                to,
+                "cat /var/log/xen/migrate-receive.log",
+                Duration::from_secs(300),
+                |o| o.contains("arrived and runs on GPU") || o.contains("failed"),
+            )?;
+            log + &received
+        }
+        Move::SaveRestore { host } => {
+            let saved = wrapper(s, host, &format!("save {GUEST} {SAVE_FILE}"))?;
+            ensure!(
+                guest_domid(s, host)?.is_none(),
+                "the guest still runs after xl save"
+            );
+            let restored = wrapper(s, host, &format!("restore {SAVE_FILE}"))?;
+            s.dom0(host, &format!("rm -f {SAVE_FILE}"))?;
+            saved + &restored
+        }
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let domid_after = guest_domid(s, to)?
+        .with_context(|| format!("the guest does not run on host {to} after the move"))?;
+    ensure!(
+        domid_after != domid_before || from != to,
+        "a migration to the same host creates a new domain"
+    );
+    for want in ["prepare-migrate", "detached", "arrived and runs on GPU"] {
+        ensure!(
+            log.contains(want),
+            "the wrappers did not report {want:?}:\n{log}"
         );
     }
-    let [report] = <[Transition; 1]>::try_from(reports)
-        .map_err(|r| anyhow::anyhow!("cranectl {verb} all reported {} processes", r.len()))?;
-    let status = app_status(s, host, report.pid)?
-        .with_context(|| format!("pid {} has no control socket after {verb}", report.pid))?;
+    let uptime_after = guest_uptime(s, to)?;
     ensure!(
-        status.mode == want,
-        "pid {} is {:?} after {verb}",
-        report.pid,
+        uptime_after > uptime_before,
+        "the guest did not keep running: uptime {uptime_before} -> {uptime_after}"
+    );
+    ensure!(
+        s.dom0(to, &format!("xl pci-list {GUEST}"))?
+            .contains(GUEST_STANDIN_BDF),
+        "the guest has no GPU on host {to} after the move"
+    );
+    wait_gpu_bound(s, to)?;
+    wait_agent(s, to, "passthrough")?;
+    let status =
+        app_status(s, to, pid)?.with_context(|| format!("pid {pid} is gone after the move"))?;
+    ensure!(
+        status.mode == Mode::Passthrough,
+        "pid {pid} is {:?} after the move",
         status.mode
     );
-    Ok(report)
-}
-
-/// `cranectl suspend all`: GPU state to RAM, every vendor object released, the vendor
-/// library unloaded; nothing of the device may be left in the process.
-pub fn suspend(s: &Session, host: usize) -> anyhow::Result<Transition> {
-    let report = transition(s, host, "suspend", Mode::Suspended)?;
-    let residue = report.residue.clone().unwrap_or_default();
-    ensure!(
-        residue.device_fds.is_empty()
-            && residue.device_mappings.is_empty()
-            && residue.vendor_threads.is_empty(),
-        "the suspended process kept device state: {residue:?}"
-    );
-    Ok(report)
-}
-
-/// `cranectl resume all`: vendor library reloaded, every object recreated.
-pub fn resume(s: &Session, host: usize) -> anyhow::Result<Transition> {
-    transition(s, host, "resume", Mode::Passthrough)
+    let (modes_seen, total) = modes_since(s, to, pid, *samples)?;
+    *samples = total;
+    let _ = writeln!(log, "(agent state passthrough, pid {pid} passthrough)");
+    Ok(Migration {
+        how,
+        domid_before,
+        domid_after,
+        uptime_before,
+        uptime_after,
+        seconds,
+        log,
+        modes_seen,
+    })
 }
 
 /// Waits until the program under crane has ended and returns its run.
@@ -660,17 +772,76 @@ pub fn wait_finished(s: &Session, host: usize, started: Instant) -> anyhow::Resu
 }
 
 /// The whole scenario on the session's hosts (1 or 2): see the module's description.
+/// On failure, the logs of craned, the wrappers, crane-agent, the program and
+/// crane-proxy are printed to stderr (best effort) before the error is returned.
 pub fn run(s: &mut Session, app: &App) -> anyhow::Result<Report> {
-    let settings = create_domains(s)?;
-    let proxy = check_proxy(s, 0, &settings)?;
-    s.phase("proxy domain: crane-proxy started with its XenStore settings; PoCL there");
+    let result = run_inner(s, app);
+    if result.is_err() {
+        eprintln!("{}", diagnose(s));
+    }
+    result
+}
 
+/// What the hosts and domains logged, for the post-mortem of a failed run.
+pub fn diagnose(s: &Session) -> String {
+    let mut out = String::from("==== crane scenario failed; logs follow ====\n");
+    let mut show = |what: &str, text: anyhow::Result<String>| {
+        let text = text.unwrap_or_else(|e| format!("(not available: {e:#})"));
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(60)..];
+        let _ = writeln!(
+            out,
+            "---- {what} (last {} lines)\n{}",
+            tail.len(),
+            tail.join("\n")
+        );
+    };
+    for host in 0..s.hosts.len() {
+        show(
+            &format!("host {host}: xl list, craned.log, migrate-receive.log"),
+            s.dom0(
+                host,
+                "xl list; cat /var/log/craned.log; cat /var/log/xen/migrate-receive.log 2>/dev/null; true",
+            ),
+        );
+        let on_host = s
+            .dom0(host, "xl list")
+            .map(|l| find_domain(&parse_xl_list(&l), GUEST).is_some())
+            .unwrap_or(false);
+        if on_host {
+            show(
+                &format!("host {host}: guest crane-agent.log, program err, cranectl list"),
+                s.domu(
+                    host,
+                    GUEST,
+                    &format!(
+                        "cat /var/log/crane-agent.log; cat {APP_DIR}/err; cranectl --json list; true"
+                    ),
+                ),
+            );
+        }
+    }
+    show(
+        "proxy domain: crane-proxy.log",
+        s.domu(0, PROXY, "cat /var/log/crane-proxy.log; true"),
+    );
+    out
+}
+
+fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
+    start_craned(s)?;
+    let mut proxy = check_proxy(s)?;
+    s.phase("craned on every host; the proxy domain created by craned, crane-proxy with the guest's token, its own GPU bound");
+
+    create_domain(s, 0, &guest_config())?;
+    wait_booted(s, 0, GUEST)?;
     ensure!(
         standin_slot(&s.domu(0, GUEST, "lspci -n")?).is_none(),
         "the guest sees a GPU before one is attached"
     );
-    let gpu_slot = attach_gpu(s, 0)?;
-    s.phase("attach host 0's GPU (stand-in) to the guest, driver bound");
+    let gpu_slot = attach_first_gpu(s, 0)?;
+    wait_agent(s, 0, "passthrough")?;
+    s.phase("the GPU guest (HVM) boots, gets host 0's GPU; crane-agent answers craned");
 
     let native = run_native(s, 0, app)?;
     ensure!(
@@ -683,42 +854,35 @@ pub fn run(s: &mut Session, app: &App) -> anyhow::Result<Report> {
 
     let crane_started = Instant::now();
     let pid = start_under_crane(s, 0, app)?;
-    wait_in_loop(s, 0, pid)?;
-    s.phase("the same program under crane, kernels built");
+    wait_holding(s, 0, pid)?;
+    s.phase("the same program under crane, holding halfway");
 
-    let routes: &[(usize, usize)] = if s.hosts.len() == 2 {
-        &[(0, 0), (0, 1)]
-    } else {
-        &[(0, 0)]
-    };
-    let mut cycles = Vec::new();
-    for &(from, to) in routes {
-        let suspend = suspend(s, from)?;
-        detach_gpu(s, from)?;
-        s.phase("cranectl suspend all, GPU driver unloaded, GPU detached");
-        let migration = migrate(s, from, to)?;
-        let status = app_status(s, to, pid)?
-            .with_context(|| format!("pid {pid} is gone after the migration"))?;
-        ensure!(
-            status.mode == Mode::Suspended,
-            "pid {pid} is {:?} after the migration",
-            status.mode
-        );
-        s.phase(&format!("live migration host {from} -> host {to}"));
-        attach_gpu(s, to)?;
-        let resume = resume(s, to)?;
-        s.phase(&format!(
-            "attach host {to}'s GPU, driver bound, cranectl resume all"
-        ));
-        cycles.push(Cycle {
-            suspend,
-            migration,
-            resume,
-        });
+    let mut moves = vec![Move::Live { from: 0, to: 0 }];
+    if s.hosts.len() == 2 {
+        moves.push(Move::Live { from: 0, to: 1 });
     }
-    let last = routes.last().map_or(0, |r| r.1);
+    let last = if s.hosts.len() == 2 { 1 } else { 0 };
+    moves.push(Move::SaveRestore { host: last });
+    let mut samples = 0;
+    let mut migrations = Vec::new();
+    for how in moves {
+        let m = move_guest(s, how, pid, &mut samples)
+            .with_context(|| format!("moving the guest: {how:?}"))?;
+        let name = match how {
+            Move::Live { from, to } => format!("xl migrate host {from} -> host {to} (remote mode)"),
+            Move::SaveRestore { host } => {
+                format!("xl save + xl restore on host {host} (stop-and-copy)")
+            }
+        };
+        eprint!("{}", m.log);
+        eprintln!("modes seen: {:?}", m.modes_seen);
+        s.phase(&name);
+        migrations.push(m);
+    }
+
+    s.domu(last, GUEST, &format!("touch {APP_DIR}/release"))?;
     let crane = wait_finished(s, last, crane_started)?;
-    s.phase("the program under crane finished");
+    s.phase("the program under crane released and finished");
     ensure!(
         crane.status == 0,
         "the program under crane failed (status {}): {}",
@@ -731,13 +895,14 @@ pub fn run(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         native.result,
         crane.result
     );
+    proxy.log = s.domu(0, PROXY, "cat /var/log/crane-proxy.log")?;
     Ok(Report {
         proxy,
         gpu_slot,
         native,
         crane,
         pid,
-        cycles,
+        migrations,
     })
 }
 
@@ -773,23 +938,16 @@ mod tests {
     }
 
     #[test]
-    fn parses_cranectl_transitions() {
-        let line = r#"{"pid":285,"phases":[{"name":"drain","ms":20.0,"bytes":0},{"name":"read-dirty","ms":9.3,"bytes":196608}],"residue":{"device_fds":[],"device_mappings":[],"vendor_threads":[],"libraries_still_mapped":["libpocl.so.2"]}}"#;
-        let t: Transition = serde_json::from_str(line).unwrap();
-        assert_eq!(t.pid, 285);
-        assert!((t.total_ms() - 29.3).abs() < 1e-9);
-        assert_eq!(t.describe(), "drain 20.0 ms, read-dirty 9.3 ms (196608 B)");
-        let resumed: Transition =
-            serde_json::from_str(r#"{"pid":1,"phases":[],"residue":null}"#).unwrap();
-        assert!(resumed.residue.is_none());
-    }
-
-    #[test]
-    fn proxy_settings_are_fresh_tokens() {
-        let a = ProxySettings::generate().unwrap();
-        let b = ProxySettings::generate().unwrap();
-        assert_eq!(a.listen, format!("{PROXY_IP}:{PROXY_PORT}"));
-        assert_eq!(a.token.len(), 32);
-        assert_ne!(a.token, b.token);
+    fn craned_runs_the_proxy_on_host_0_only() {
+        let c0: toml::Value = toml::from_str(&craned_config(0)).unwrap();
+        let c1: toml::Value = toml::from_str(&craned_config(1)).unwrap();
+        assert_eq!(c0["proxy"]["domain"].as_str(), Some(PROXY));
+        assert_eq!(c0["proxy"]["gpu"].as_str(), Some(PROXY_STANDIN_BDF));
+        assert!(c1["proxy"].get("domain").is_none());
+        for c in [&c0, &c1] {
+            assert_eq!(c["guests"][0].as_str(), Some(GUEST));
+            assert_eq!(c["gpus"]["pool"][0].as_str(), Some(GUEST_STANDIN_BDF));
+            assert_eq!(c["proxy"]["address"].as_str(), Some("tcp://10.77.0.2:7000"));
+        }
     }
 }

@@ -76,7 +76,17 @@ impl Session {
 
     /// Runs a script in dom0 of `host` and returns its whole output, whatever its status.
     pub fn try_dom0(&self, host: usize, script: &str) -> anyhow::Result<CommandOutput> {
-        Ok(self.host(host)?.run(script, DOM0_TIMEOUT)?)
+        self.try_dom0_timeout(host, script, DOM0_TIMEOUT)
+    }
+
+    /// [`Session::try_dom0`] with its own time limit.
+    pub fn try_dom0_timeout(
+        &self,
+        host: usize,
+        script: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<CommandOutput> {
+        Ok(self.host(host)?.run(script, timeout)?)
     }
 
     /// Runs a script in the domU `domain` on `host` (via its console runner); its

@@ -8,6 +8,7 @@
  * -cl-std=CL1.2.
  */
 #include "common.h"
+#include <unistd.h>
 
 static const char *SRC =
     "__kernel void advance(__global const uint *src, __global uint *dst, uint n, uint iter)\n"
@@ -90,7 +91,26 @@ int main(int argc, char **argv)
     cl_uint n = N;
     size_t gsz = N;
 
+    /* TESTAPP_HOLD=FILE (the end-to-end tier): halfway through, keep checking
+     * the device against the host mirror with small blocking reads, one every
+     * 20 ms, until FILE exists. The reads are not hashed, so the result is
+     * that of a run without the hold; while the guest migrates they are what
+     * the program asks of crane (forwarded to the proxy, or held while parked). */
+    const char *hold = getenv("TESTAPP_HOLD");
     for (int it = 0; it < iters; it++) {
+        if (hold && it == iters / 2) {
+            fprintf(stderr, "pingpong: holding at iteration %d until %s exists\n", it, hold);
+            long checks = 0;
+            uint32_t probe[PROBE];
+            while (access(hold, F_OK) != 0) {
+                CK(clEnqueueReadBuffer(q, buf[cur], CL_TRUE, 0, sizeof probe, probe, 0, NULL, NULL));
+                if (memcmp(probe, host[cur], sizeof probe) != 0)
+                    fail("device buffer differs from host mirror while held");
+                checks++;
+                sleep_us(20000);
+            }
+            fprintf(stderr, "pingpong: released after %ld checks\n", checks);
+        }
         cl_uint iter = (cl_uint)it;
         cl_uint salt = (cl_uint)it * 0x9e3779b9u;
         CK(clSetKernelArg(kstep, 0, sizeof(cl_mem), &buf[cur]));

@@ -209,23 +209,24 @@ fn xen_demo(hosts: usize) -> Result<()> {
          for the GPU)"
     );
     println!(
-        "   {} {} in an HVM guest: natively, then under crane (the guest's libOpenCL.so.1) \
-         while crane suspends it, the guest gives up its GPU and live-migrates{}, gets a \
-         GPU again and crane resumes it",
+        "   craned and the xl wrapper in dom0, crane-proxy in a proxy domain, crane-agent in \
+         an HVM guest; {} {} there natively, then under crane (the guest's libOpenCL.so.1) \
+         while `xl migrate` moves the guest{} (the program runs on crane-proxy meanwhile) \
+         and `xl save` / `xl restore` park and resume it",
         app.program,
         app.args.join(" "),
         if hosts == 2 {
-            " (to the same host, then to the other host)"
+            " to the same host, then to the other host"
         } else {
-            " (to the same host; --hosts 2 adds the other host)"
+            " to the same host (--hosts 2 adds the other host)"
         }
     );
     let started = Instant::now();
     let report = crane_test_vms::demo(hosts, &app)?;
     print!("{}", report.summary());
     println!(
-        "== identical to the native run after {} suspend/migrate/resume cycle(s); {:.0} s in all",
-        report.cycles.len(),
+        "== identical to the native run after {} move(s) of the guest; {:.0} s in all",
+        report.migrations.len(),
         started.elapsed().as_secs_f64()
     );
     Ok(())
