@@ -43,6 +43,14 @@ pub fn follow<S: XsData + XsWatch>(
     }
 }
 
+/// Whether the file's contents differ from `last` (then remembered).
+fn changed(path: &Path, last: &mut Option<Vec<u8>>) -> bool {
+    let now = std::fs::read(path).ok();
+    let changed = now != *last;
+    *last = now;
+    changed
+}
+
 /// Starts the thread that keeps `path` in sync with this domain's XenStore.
 /// Returns once the first sync has been done (so the first Hello already
 /// sees the published tokens), or with the reason XenStore cannot be used.
@@ -52,18 +60,21 @@ pub fn start(path: PathBuf) -> anyhow::Result<()> {
         .name("xs-tokens".into())
         .spawn(move || {
             let mut first = Some(tx);
+            let mut last = std::fs::read(&path).ok();
             let mut delay = Duration::from_millis(500);
             loop {
                 let result = SystemStore::open().and_then(|store| {
                     follow(&store, &path, |r| {
                         match (&r, first.is_some()) {
                             (Ok(n), true) => {
+                                changed(&path, &mut last);
                                 log::info!("token file {}: {n} token(s)", path.display())
                             }
-                            (Ok(n), false) => log::info!(
+                            (Ok(n), false) if changed(&path, &mut last) => log::info!(
                                 "tokens changed in XenStore: {} now holds {n}",
                                 path.display()
                             ),
+                            (Ok(_), false) => {}
                             (Err(e), _) => log::error!(
                                 "tokens in XenStore not usable, {} kept as it was: {e}",
                                 path.display()

@@ -81,7 +81,7 @@ impl Default for App {
     fn default() -> Self {
         Self {
             program: "pingpong".into(),
-            args: vec!["--iters".into(), "10000".into()],
+            args: vec!["--iters".into(), "4000".into()],
         }
     }
 }
@@ -522,9 +522,14 @@ pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<
          wait $!\necho $? > status\n",
         app.command_line()
     );
+    // One line "PID MODE" per process, written only when the set changes: the file
+    // is read back through the guest's console, which is slow.
     let monitor = format!(
-        "while [ ! -e {APP_DIR}/status ]; do\n\
-         cranectl --json list 2>/dev/null | grep '^{{' >> {APP_DIR}/modes\n\
+        "last=\n\
+         while [ ! -e {APP_DIR}/status ]; do\n\
+         now=$(cranectl --json list 2>/dev/null | \
+         sed -n 's/.*\"pid\":\\([0-9]*\\),.*\"mode\":\"\\([a-z]*\\)\".*/\\1 \\2/p')\n\
+         if [ -n \"$now\" ] && [ \"$now\" != \"$last\" ]; then echo \"$now\" >> {APP_DIR}/modes; last=$now; fi\n\
          sleep 1\ndone\n"
     );
     s.domu(
@@ -596,8 +601,8 @@ pub fn wait_holding(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppSta
     Ok(status)
 }
 
-/// The modes the monitor recorded for `pid` from sample `from` on, in order, each
-/// run of equal modes once; and the number of samples so far.
+/// The modes the monitor recorded for `pid` from line `from` on, in order, each run
+/// of equal modes once; and the number of lines so far.
 fn modes_since(
     s: &Session,
     host: usize,
@@ -610,15 +615,20 @@ fn modes_since(
         &format!("cat {APP_DIR}/modes 2>/dev/null; true"),
         Duration::from_secs(60),
     )?;
-    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with('{')).collect();
+    let lines: Vec<&str> = text.lines().collect();
     let mut seen: Vec<Mode> = Vec::new();
     for line in lines.iter().skip(from) {
-        // A line cut short by the guest pausing mid-write is skipped.
-        let Ok(status) = serde_json::from_str::<AppStatus>(line) else {
+        let Some((p, mode)) = line.split_once(' ') else {
             continue;
         };
-        if status.pid == pid && seen.last() != Some(&status.mode) {
-            seen.push(status.mode);
+        let mode = match mode {
+            "passthrough" => Mode::Passthrough,
+            "suspended" => Mode::Suspended,
+            "remote" => Mode::Remote,
+            _ => continue,
+        };
+        if p.parse() == Ok(pid) && seen.last() != Some(&mode) {
+            seen.push(mode);
         }
     }
     Ok((seen, lines.len()))
@@ -833,7 +843,9 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     let mut proxy = check_proxy(s)?;
     s.phase("craned on every host; the proxy domain created by craned, crane-proxy with the guest's token, its own GPU bound");
 
-    create_domain(s, 0, &guest_config())?;
+    if guest_domid(s, 0)?.is_none() {
+        create_domain(s, 0, &guest_config())?;
+    }
     wait_booted(s, 0, GUEST)?;
     ensure!(
         standin_slot(&s.domu(0, GUEST, "lspci -n")?).is_none(),

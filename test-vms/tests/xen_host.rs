@@ -78,6 +78,9 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
     scenario::write_dom0_configs(&s).unwrap();
     s.dom0(0, &format!("xl create /etc/xen/crane/{PROXY}.cfg"))
         .unwrap();
+    // The HVM guest takes minutes to boot under emulation: it boots meanwhile
+    // (the scenario finds it running).
+    scenario::create_domain(&s, 0, &scenario::guest_config()).unwrap();
     scenario::wait_booted(&s, 0, PROXY).unwrap();
     s.domu(0, PROXY, "echo crane-$$-marker > /run/marker")
         .unwrap();

@@ -76,14 +76,16 @@ pub fn publish_tokens<S: XsData + XsPerms>(
         Perm::new(0, Access::None),
         Perm::new(proxy_domid, Access::Read),
     ];
-    if store.read(&crane)?.is_none() {
-        store.write(&crane, "")?;
+    // Nothing is written that is already so: craned calls this every tick,
+    // and every write (permissions too) fires the proxy domain's watch.
+    for node in [&crane, &dir] {
+        if store.read(node)?.is_none() {
+            store.write(node, "")?;
+        }
+        if store.get_perms(node)? != perms {
+            store.set_perms(node, &perms)?;
+        }
     }
-    store.set_perms(&crane, &perms)?;
-    if store.read(&dir)?.is_none() {
-        store.write(&dir, "")?;
-    }
-    store.set_perms(&dir, &perms)?;
     for old in store.directory(&dir)? {
         if !tokens.contains_key(&old) {
             store.rm(&format!("{dir}/{old}"))?;
@@ -155,6 +157,7 @@ pub fn sync_token_file<S: XsData>(store: &S, path: &Path) -> Result<usize, Proxy
 mod tests {
     use super::*;
     use crate::mem::MemStore;
+    use std::time::Duration;
 
     fn tokens(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -192,6 +195,29 @@ mod tests {
         // Republishing drops stale tenants and keeps the rest.
         publish_tokens(&dom0, 4, &tokens(&[("gpu2", "def456")])).unwrap();
         assert_eq!(read_tokens(&proxy).unwrap(), tokens(&[("gpu2", "def456")]));
+    }
+
+    #[test]
+    fn republishing_the_same_tokens_fires_no_watch() {
+        use crate::store::XsWatch;
+        let store = MemStore::new();
+        store.introduce(4);
+        let dom0 = store.connect(0);
+        let t = tokens(&[("gpu1", "abc123")]);
+        publish_tokens(&dom0, 4, &t).unwrap();
+        let proxy = store.connect(4);
+        proxy.watch(PROXY_TOKENS, "t").unwrap();
+        // A new watch fires once at once.
+        assert!(proxy.wait_event(Duration::from_secs(1)).unwrap().is_some());
+        while proxy
+            .wait_event(Duration::from_millis(50))
+            .unwrap()
+            .is_some()
+        {}
+        publish_tokens(&dom0, 4, &t).unwrap();
+        assert_eq!(proxy.wait_event(Duration::from_millis(200)).unwrap(), None);
+        publish_tokens(&dom0, 4, &tokens(&[("gpu1", "abc124")])).unwrap();
+        assert!(proxy.wait_event(Duration::from_secs(1)).unwrap().is_some());
     }
 
     #[test]

@@ -79,6 +79,13 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     let mut reader = FrameReader::new(stream.clone(), Some(deadline));
     let (hello_seq, tenant, client) = match greet(&mut reader, &shared) {
         Ok(v) => v,
+        Err((seq, reason)) if reason == CLOSED_BEFORE_HELLO => {
+            // A connection that sent nothing at all: a health check (craned
+            // probes the proxy with a TCP connect), not worth an info line.
+            log::debug!("session {id} ({peer}): {reason}");
+            let _ = seq;
+            return;
+        }
         Err((seq, reason)) => {
             limited!(Level::Info, "session {id} ({peer}) refused: {reason}");
             shared.count_refused();
@@ -175,6 +182,9 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     stream.shutdown(Shutdown::Both);
 }
 
+/// Why a connection that closed without sending a byte ended.
+const CLOSED_BEFORE_HELLO: &str = "the connection closed before Hello";
+
 /// Reads and checks the Hello: `(seq, tenant, client)`, or the Hello's seq
 /// (0 if unknown) and why the session is refused.
 fn greet(
@@ -183,7 +193,7 @@ fn greet(
 ) -> Result<(u64, String, String), (u64, String)> {
     let h = match reader.next(HELLO_MAX_BODY, 0) {
         Ok(Some(h)) => h,
-        Ok(None) => return Err((0, "the connection closed before Hello".into())),
+        Ok(None) => return Err((0, CLOSED_BEFORE_HELLO.into())),
         Err(ReadError::TimedOut) => {
             return Err((
                 0,
