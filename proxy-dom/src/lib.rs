@@ -18,6 +18,7 @@ mod conn;
 mod pool;
 mod ratelimit;
 mod session;
+mod trace;
 mod vendor;
 
 pub use config::{Config, ListenAddr};

@@ -327,7 +327,26 @@ fn takes_payload(call: &Call) -> bool {
 impl Session {
     fn run(&mut self, reader: &mut FrameReader) -> End {
         let max_payload = self.shared.limits.max_payload;
+        let mut trace = crate::trace::on().then(crate::trace::Session::default);
+        let end = self.serve_calls(reader, max_payload, &mut trace);
+        if let Some(t) = &trace {
+            t.report(self.id);
+        }
+        end
+    }
+
+    fn serve_calls(
+        &mut self,
+        reader: &mut FrameReader,
+        max_payload: u64,
+        trace: &mut Option<crate::trace::Session>,
+    ) -> End {
         loop {
+            if reader.drained() {
+                // About to wait for the client: free what finished writes held.
+                self.completion.inflight.reap(true);
+            }
+            let t0 = trace.is_some().then(Instant::now);
             let h = match reader.next(MAX_BODY, max_payload) {
                 Ok(Some(h)) => h,
                 Ok(None) => return End::Eof,
@@ -335,10 +354,16 @@ impl Session {
                 Err(e @ ReadError::Truncated) => return End::Violation(e.to_string()),
                 Err(e) => return End::Lost(e.to_string()),
             };
+            let t1 = trace.is_some().then(Instant::now);
             let call: Call = match crane_wire::decode(&reader.body) {
                 Ok(c) => c,
                 Err(e) => return End::Violation(format!("a message cannot be decoded: {e}")),
             };
+            if let (Some(t), Some(t0), Some(t1)) = (trace.as_mut(), t0, t1) {
+                t.frames += 1;
+                t.wait_ns += (t1 - t0).as_nanos() as u64;
+                t.decode_ns += crate::trace::ns(t1);
+            }
             if h.seq <= self.last_seq {
                 return End::Violation(format!(
                     "sequence number {} does not follow {}",
@@ -357,8 +382,12 @@ impl Session {
                 Call::Bye => return End::Bye,
                 Call::Hello { .. } => return End::Violation("Hello in an open session".into()),
                 call => {
+                    let t2 = trace.is_some().then(|| (call.name(), Instant::now()));
                     if let Err(v) = self.execute(h.seq, call, payload) {
                         return End::Violation(v);
+                    }
+                    if let (Some(t), Some((name, t2))) = (trace.as_mut(), t2) {
+                        t.call(name, t2);
                     }
                 }
             }
