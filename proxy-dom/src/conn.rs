@@ -250,6 +250,12 @@ impl FrameReader {
         self.r.read_exact(&mut v)?;
         Ok(v)
     }
+
+    /// Reads a payload of `buf.len()` bytes into `buf`.
+    pub fn payload_into(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
+        self.r.read_exact(buf)?;
+        Ok(())
+    }
 }
 
 /// Appends exactly `len` bytes to `out`, growing it as data arrives.

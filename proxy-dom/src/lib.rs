@@ -15,6 +15,7 @@ pub mod tokens;
 
 mod api;
 mod conn;
+mod pinned;
 mod pool;
 mod ratelimit;
 mod session;

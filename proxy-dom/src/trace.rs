@@ -35,6 +35,13 @@ pub(crate) struct Global {
     /// Registrations (clSetEventCallback) and the time they took.
     pub registrations: AtomicU64,
     pub register_ns: AtomicU64,
+    /// Transfers staged in pinned memory, in ordinary memory; pinned
+    /// buffers made.
+    pub pinned: AtomicU64,
+    pub unpinned: AtomicU64,
+    pub pinned_made: AtomicU64,
+    /// Reads answered by the session thread watching them.
+    pub read_spun: AtomicU64,
 }
 
 pub(crate) static GLOBAL: LazyLock<Global> = LazyLock::new(Global::default);
@@ -96,6 +103,13 @@ impl Session {
             l(&g.by_waiter),
             l(&g.by_poll),
             l(&g.answer_ns) as f64 / answered.max(1) as f64 / 1e3,
+        );
+        out += &format!(
+            "TRACE proxy: transfers staged pinned/ordinary {}/{}, {} pinned buffers made, {} reads answered by the session thread\n",
+            l(&g.pinned),
+            l(&g.unpinned),
+            l(&g.pinned_made),
+            l(&g.read_spun),
         );
         eprint!("{out}");
     }

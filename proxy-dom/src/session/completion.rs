@@ -53,6 +53,7 @@ use crane_wire::Answer;
 use opencl_sys::*;
 
 use crate::conn::Writer;
+use crate::pinned::HostBuf;
 use crate::pool::BufferPool;
 use crate::ratelimit::limited;
 use crate::vendor::{VPtr, vfn};
@@ -80,7 +81,7 @@ pub(crate) struct Inflight {
     /// vendor reads, in the order enqueued. No vendor callback is asked for
     /// them (registering one slows every later command of the context on
     /// NVIDIA); they are reaped by status ([`Inflight::reap`]).
-    staged: Mutex<std::collections::VecDeque<(VPtr, Vec<u8>)>>,
+    staged: Mutex<std::collections::VecDeque<(VPtr, HostBuf)>>,
 }
 
 impl Inflight {
@@ -116,7 +117,7 @@ impl Inflight {
         };
         for (event, data) in done {
             self.free(data.len() as u64);
-            self.buffers.give(data);
+            self.buffers.recycle(data);
             release_event(event);
             self.callbacks.fetch_sub(1, Ordering::AcqRel);
         }
@@ -144,7 +145,7 @@ impl Inflight {
 /// What to do when an event completes.
 pub(crate) enum What {
     /// A non-blocking read into `data`: answer `Data` with it.
-    Read { seq: u64, data: Vec<u8> },
+    Read { seq: u64, data: HostBuf },
     /// The marker a Finish enqueued: answer `Status`, and record that the
     /// queue's first `upto` commands have completed.
     Finish {
@@ -153,7 +154,7 @@ pub(crate) enum What {
         upto: u64,
     },
     /// The host memory a non-blocking write reads from: free it.
-    Staging { data: Vec<u8> },
+    Staging { data: HostBuf },
     /// The client's own callback registration: send `EventFired`.
     Fired { cookie: u64 },
     /// One of the events of a WaitForEvents.
@@ -205,7 +206,7 @@ enum Done {
     Answer {
         seq: u64,
         answer: Answer,
-        data: Vec<u8>,
+        data: HostBuf,
         release: VPtr,
     },
     Release(VPtr),
@@ -259,7 +260,7 @@ impl Pending {
                 release,
             } => {
                 writer.send(seq, &answer, &data);
-                inflight.buffers.give(data);
+                inflight.buffers.recycle(data);
                 Done::Release(release)
             }
             other => other,
@@ -286,8 +287,8 @@ impl Pending {
             What::Read { seq, data } => {
                 inflight.free(data.len() as u64);
                 if status < 0 {
-                    inflight.buffers.give(data);
-                    answer(seq, Answer::Data(status), Vec::new())
+                    inflight.buffers.recycle(data);
+                    answer(seq, Answer::Data(status), HostBuf::default())
                 } else {
                     answer(seq, Answer::Data(CL_SUCCESS), data)
                 }
@@ -300,16 +301,18 @@ impl Pending {
                 if status >= 0 {
                     progress.finished.fetch_max(upto, Ordering::AcqRel);
                 }
-                answer(seq, Answer::Status(CL_SUCCESS), Vec::new())
+                answer(seq, Answer::Status(CL_SUCCESS), HostBuf::default())
             }
             What::Staging { data } => {
                 inflight.free(data.len() as u64);
-                inflight.buffers.give(data);
+                inflight.buffers.recycle(data);
                 Done::Release(event)
             }
-            What::Fired { cookie } => answer(0, Answer::EventFired { cookie, status }, Vec::new()),
+            What::Fired { cookie } => {
+                answer(0, Answer::EventFired { cookie, status }, HostBuf::default())
+            }
             What::WaitOne(all) => match all.one_done(status) {
-                Some(st) => answer(all.seq, Answer::Status(st), Vec::new()),
+                Some(st) => answer(all.seq, Answer::Status(st), HostBuf::default()),
                 None => Done::Release(event),
             },
         };
@@ -736,7 +739,7 @@ fn handle(msg: Done, writer: &Writer, inflight: &Inflight, stopping: &mut Option
             release,
         } => {
             writer.send(seq, &answer, &data);
-            inflight.buffers.give(data);
+            inflight.buffers.recycle(data);
             release_event(release);
         }
         Done::Release(e) => release_event(e),
