@@ -1,7 +1,8 @@
 /* A flat sampling profiler for machines without perf: LD_PRELOAD it with
  * PROF_OUT=file; every millisecond of CPU time (ITIMER_PROF) it records the
  * interrupted instruction pointer, and at exit it writes the samples grouped by
- * shared object and by symbol (or offset, for stripped objects).
+ * shared object and by symbol (or offset, for stripped objects). A process
+ * ended by SIGTERM (a server such as crane-proxy) writes them too.
  * Build: gcc -O2 -shared -fPIC -o prof.so prof.c -ldl */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/time.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #define MAX_SAMPLES (1 << 21)
 static uintptr_t samples[MAX_SAMPLES];
@@ -27,6 +29,15 @@ static void on_prof(int sig, siginfo_t *si, void *uc_)
         samples[i] = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
 }
 
+static void stop(void);
+
+static void on_term(int sig)
+{
+    (void)sig;
+    stop();
+    _exit(143);
+}
+
 __attribute__((constructor)) static void start(void)
 {
     if (!getenv("PROF_OUT"))
@@ -36,6 +47,7 @@ __attribute__((constructor)) static void start(void)
     sa.sa_sigaction = on_prof;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     sigaction(SIGPROF, &sa, NULL);
+    signal(SIGTERM, on_term);
     struct itimerval it = {{0, 1000}, {0, 1000}};
     setitimer(ITIMER_PROF, &it, NULL);
 }
@@ -66,6 +78,9 @@ static void add(struct entry *t, int *len, int cap, const char *name)
 
 __attribute__((destructor)) static void stop(void)
 {
+    static int done;
+    if (done++)
+        return;
     const char *out = getenv("PROF_OUT");
     if (!out)
         return;

@@ -152,7 +152,13 @@ impl Read for StreamReader {
             }
             self.stream.set_read_timeout(Some(left))?;
         }
-        (&*self.stream).read(buf)
+        let r = (&*self.stream).read(buf);
+        if crate::trace::on() {
+            let g = &*crate::trace::GLOBAL;
+            crate::trace::add(&g.reads, 1);
+            crate::trace::add(&g.read_bytes, *r.as_ref().unwrap_or(&0) as u64);
+        }
+        r
     }
 }
 
@@ -194,6 +200,11 @@ impl FrameReader {
             r: BufReader::with_capacity(64 << 10, StreamReader { stream, deadline }),
             body: Vec::new(),
         }
+    }
+
+    /// Whether the next frame must come from the socket (nothing buffered).
+    pub fn drained(&self) -> bool {
+        self.r.buffer().is_empty()
     }
 
     /// Ends the deadline (after the Hello).
@@ -238,6 +249,12 @@ impl FrameReader {
             .ok_or_else(|| ReadError::Frame("the proxy is out of memory".into()))?;
         self.r.read_exact(&mut v)?;
         Ok(v)
+    }
+
+    /// Reads a payload of `buf.len()` bytes into `buf`.
+    pub fn payload_into(&mut self, buf: &mut [u8]) -> Result<(), ReadError> {
+        self.r.read_exact(buf)?;
+        Ok(())
     }
 }
 
@@ -298,6 +315,17 @@ impl Writer {
 
     /// Sends one frame; false when the connection is closed.
     pub fn send(&self, seq: u64, answer: &Answer, payload: &[u8]) -> bool {
+        let t0 = crate::trace::on().then(Instant::now);
+        let ok = self.send_frame(seq, answer, payload);
+        if let Some(t0) = t0 {
+            let g = &*crate::trace::GLOBAL;
+            crate::trace::add(&g.sends, 1);
+            crate::trace::add(&g.send_ns, crate::trace::ns(t0));
+        }
+        ok
+    }
+
+    fn send_frame(&self, seq: u64, answer: &Answer, payload: &[u8]) -> bool {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.closed {
             return false;

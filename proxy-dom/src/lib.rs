@@ -16,9 +16,11 @@ pub mod xs_tokens;
 
 mod api;
 mod conn;
+mod pinned;
 mod pool;
 mod ratelimit;
 mod session;
+mod trace;
 mod vendor;
 
 pub use config::{Config, ListenAddr};

@@ -44,6 +44,16 @@ impl BufferPool {
     }
 }
 
+impl BufferPool {
+    /// Takes back a transfer's host memory: ordinary memory is kept as by
+    /// `give`, pinned memory goes back to its own pool.
+    pub fn recycle(&self, b: crate::pinned::HostBuf) {
+        if let crate::pinned::HostBuf::Heap(v) = b {
+            self.give(v);
+        }
+    }
+}
+
 /// `len` zero bytes, or None when the memory cannot be had. Large sizes
 /// come as fresh mappings, not written with zeros.
 pub(crate) fn zeroed(len: usize) -> Option<Vec<u8>> {

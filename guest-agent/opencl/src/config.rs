@@ -27,6 +27,10 @@ pub struct Config {
     /// `CRANE_REMOTE_BATCH=0` makes every forwarded call a round trip (for
     /// measuring what batching buys).
     pub remote_batch: bool,
+    /// `CRANE_REMOTE_SPIN_US` (default 200): how long a thread blocked in a
+    /// forwarded call watches for its answer before it sleeps (a sleeping
+    /// thread costs the answer a wake-up, several microseconds).
+    pub remote_spin_us: u64,
     /// `CRANE_HOST_MEMORY=emulate` gives the vendor no host memory
     /// (CL_MEM_USE_HOST_PTR / CL_MEM_ALLOC_HOST_PTR): crane serves those
     /// buffers' maps itself, so the vendor pins nothing (see
@@ -57,6 +61,10 @@ pub fn get() -> &'static Config {
                 .unwrap_or(1 << 20),
             control_socket: flag("CRANE_CONTROL", true),
             remote_batch: flag("CRANE_REMOTE_BATCH", true),
+            remote_spin_us: std::env::var("CRANE_REMOTE_SPIN_US")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(200),
             emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),
         }
     })

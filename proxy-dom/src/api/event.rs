@@ -82,6 +82,7 @@ impl Session {
     pub(crate) fn release(&mut self, id: Id) -> CallResult {
         let o = self.objects.remove(id)?;
         self.progress.remove(&id);
+        self.pinned_by_queue.remove(&id);
         let Ok(h) = o.handle else {
             return Ok(());
         };

@@ -1,34 +1,44 @@
 //! Work that finishes after the call that started it: reads, Finish,
 //! WaitForEvents, the host memory of non-blocking writes, and the client's
-//! event callbacks. Each registers a vendor event callback; the callback runs
-//! on a vendor thread and only hands a message to the session's completion
-//! thread, which writes the answer and releases the event. A vendor thread
-//! therefore never blocks on a client's socket, and a wait on a user event
-//! never stops the session thread from running the call that sets it.
+//! event callbacks.
+//!
+//! Asking NVIDIA for an event callback is costly: once one is registered,
+//! every later command of the context takes longer to enqueue (a frame of 8
+//! small kernels, a 4 KiB write and a read ran at 10–12k frames/s natively
+//! with a callback on its write's event, 16–20k without). So callbacks are
+//! asked for only where nothing cheaper completes the work:
+//!
+//! - The host memory of a non-blocking write is *staged*: kept with the
+//!   command's event, and freed once the event's status says the command
+//!   ended, checked when the session thread is about to wait for the client,
+//!   at the next write, and by the completion thread's poll.
+//! - What a client waits for (reads, Finish, WaitForEvents) goes to one of
+//!   the session's two waiter threads, which block in clWaitForEvents and
+//!   answer directly. Only when both waiters are busy (one may be stuck on a
+//!   user event) is a vendor callback registered as well.
+//! - The client's own event callbacks are vendor callbacks.
+//!
+//! A vendor callback runs on a vendor thread and only hands a message to the
+//! session's completion thread, which writes the answer and releases the
+//! event. A vendor thread therefore never blocks on a client's socket, and a
+//! wait on a user event never stops the session thread from running the call
+//! that sets it.
 //!
 //! Vendors do not always call back: PoCL 3.1 calls a callback only when
 //! the event reaches exactly the status it was registered for, so a
 //! command that fails (its wait list failed) never calls its CL_COMPLETE
 //! callback, and a CL_RUNNING callback never comes for a user event. The
 //! completion thread therefore also polls the status of its session's
-//! pending events while any are pending, and completes those the vendor
-//! has finished but not reported. A registration's reference to its event
-//! is released only on the completion thread, so polling never touches a
-//! released event.
-//!
-//! Callbacks can also be late (NVIDIA delivers them tens of microseconds
-//! after the command completed), which a client blocked in a read or a
-//! clFinish pays for in full. So what a client waits for (reads, Finish,
-//! WaitForEvents) is also handed to one of the session's two waiter
-//! threads, which block in clWaitForEvents and answer directly. They only
-//! speed things up: a waiter stuck on a user event costs nothing but its
-//! place, the callback and the poll still complete everything.
+//! pending events while any are pending, and completes those that nothing
+//! else has. A registration's reference to its event is released only on
+//! the completion thread, so polling never touches a released event.
 //!
 //! The vendor is handed a token, not a pointer: registrations live in one
 //! table, and whichever of the vendor's callback, a waiter and the poll
 //! takes a registration out of it completes it; the others find nothing.
 //! Registrations without host memory (client callbacks, waits, finishes)
-//! are dropped when their session ends.
+//! are dropped when their session ends; staged writes still running then
+//! leave their host memory to the vendor.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -43,6 +53,7 @@ use crane_wire::Answer;
 use opencl_sys::*;
 
 use crate::conn::Writer;
+use crate::pinned::HostBuf;
 use crate::pool::BufferPool;
 use crate::ratelimit::limited;
 use crate::vendor::{VPtr, vfn};
@@ -66,6 +77,11 @@ pub(crate) struct Inflight {
     pub proxy_staging: Arc<AtomicU64>,
     /// Host buffers kept for the next transfers.
     pub buffers: BufferPool,
+    /// Non-blocking writes in flight: their events and the host memory the
+    /// vendor reads, in the order enqueued. No vendor callback is asked for
+    /// them (registering one slows every later command of the context on
+    /// NVIDIA); they are reaped by status ([`Inflight::reap`]).
+    staged: Mutex<std::collections::VecDeque<(VPtr, HostBuf)>>,
 }
 
 impl Inflight {
@@ -78,12 +94,58 @@ impl Inflight {
         self.staging.fetch_sub(bytes, Ordering::AcqRel);
         self.proxy_staging.fetch_sub(bytes, Ordering::AcqRel);
     }
+
+    /// Frees the host memory of the staged writes whose commands have
+    /// ended: all of them, or (`front_only`) those at the front of the
+    /// list, up to the first still running (cheap, and enough for in-order
+    /// queues). Returns how many are left.
+    pub fn reap(&self, front_only: bool) -> usize {
+        let mut done = Vec::new();
+        let left = {
+            let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+            let mut i = 0;
+            while i < staged.len() {
+                if event_status(staged[i].0) <= CL_COMPLETE {
+                    done.extend(staged.remove(i));
+                } else if front_only {
+                    break;
+                } else {
+                    i += 1;
+                }
+            }
+            staged.len()
+        };
+        for (event, data) in done {
+            self.free(data.len() as u64);
+            self.buffers.recycle(data);
+            release_event(event);
+            self.callbacks.fetch_sub(1, Ordering::AcqRel);
+        }
+        left
+    }
+
+    /// At the end of the session: what is still running keeps its host
+    /// memory (leaked, the vendor may still read it) and its event.
+    fn abandon_staged(&self) -> usize {
+        self.reap(false);
+        let left: Vec<_> = self
+            .staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        let n = left.len();
+        for (_, data) in left {
+            std::mem::forget(data);
+        }
+        n
+    }
 }
 
 /// What to do when an event completes.
 pub(crate) enum What {
     /// A non-blocking read into `data`: answer `Data` with it.
-    Read { seq: u64, data: Vec<u8> },
+    Read { seq: u64, data: HostBuf },
     /// The marker a Finish enqueued: answer `Status`, and record that the
     /// queue's first `upto` commands have completed.
     Finish {
@@ -92,7 +154,7 @@ pub(crate) enum What {
         upto: u64,
     },
     /// The host memory a non-blocking write reads from: free it.
-    Staging { data: Vec<u8> },
+    Staging { data: HostBuf },
     /// The client's own callback registration: send `EventFired`.
     Fired { cookie: u64 },
     /// One of the events of a WaitForEvents.
@@ -144,12 +206,10 @@ enum Done {
     Answer {
         seq: u64,
         answer: Answer,
-        data: Vec<u8>,
+        data: HostBuf,
         release: VPtr,
     },
     Release(VPtr),
-    /// Something is pending now: start polling.
-    Wake,
     Stop,
 }
 
@@ -165,9 +225,20 @@ struct Pending {
     /// completion thread.
     event: VPtr,
     what: What,
+    /// When a waited-for registration was made (only while tracing).
+    since: Option<Instant>,
 }
 
 impl Pending {
+    /// Counts how a waited-for registration was answered (tracing).
+    fn traced(&self, by: fn(&crate::trace::Global) -> &AtomicU64) {
+        if let Some(t) = self.since {
+            let g = &*crate::trace::GLOBAL;
+            crate::trace::add(by(g), 1);
+            crate::trace::add(&g.answer_ns, crate::trace::ns(t));
+        }
+    }
+
     /// Completes the registration from a vendor callback or the poll: the
     /// completion thread answers.
     fn fire(self, status: cl_int) {
@@ -189,7 +260,7 @@ impl Pending {
                 release,
             } => {
                 writer.send(seq, &answer, &data);
-                inflight.buffers.give(data);
+                inflight.buffers.recycle(data);
                 Done::Release(release)
             }
             other => other,
@@ -216,8 +287,8 @@ impl Pending {
             What::Read { seq, data } => {
                 inflight.free(data.len() as u64);
                 if status < 0 {
-                    inflight.buffers.give(data);
-                    answer(seq, Answer::Data(status), Vec::new())
+                    inflight.buffers.recycle(data);
+                    answer(seq, Answer::Data(status), HostBuf::default())
                 } else {
                     answer(seq, Answer::Data(CL_SUCCESS), data)
                 }
@@ -230,16 +301,18 @@ impl Pending {
                 if status >= 0 {
                     progress.finished.fetch_max(upto, Ordering::AcqRel);
                 }
-                answer(seq, Answer::Status(CL_SUCCESS), Vec::new())
+                answer(seq, Answer::Status(CL_SUCCESS), HostBuf::default())
             }
             What::Staging { data } => {
                 inflight.free(data.len() as u64);
-                inflight.buffers.give(data);
+                inflight.buffers.recycle(data);
                 Done::Release(event)
             }
-            What::Fired { cookie } => answer(0, Answer::EventFired { cookie, status }, Vec::new()),
+            What::Fired { cookie } => {
+                answer(0, Answer::EventFired { cookie, status }, HostBuf::default())
+            }
             What::WaitOne(all) => match all.one_done(status) {
-                Some(st) => answer(all.seq, Answer::Status(st), Vec::new()),
+                Some(st) => answer(all.seq, Answer::Status(st), HostBuf::default()),
                 None => Done::Release(event),
             },
         };
@@ -261,6 +334,7 @@ unsafe extern "C" fn on_event(_event: cl_event, status: cl_int, user_data: *mut 
         // The token may be gone: its session ended and dropped it.
         let found = pending().remove(&(user_data as usize));
         if let Some(p) = found {
+            p.traced(|g| &g.by_callback);
             p.fire(status);
         }
     }));
@@ -285,6 +359,9 @@ pub(crate) struct Completion {
     /// The waiter threads' queue, started at the first wait.
     waiters: Mutex<Option<SyncSender<(usize, VPtr)>>>,
     waiters_started: AtomicBool,
+    /// Waiter threads running, and the waits queued for them or under way.
+    waiters_running: AtomicUsize,
+    waits_busy: Arc<AtomicUsize>,
 }
 
 impl Completion {
@@ -318,6 +395,8 @@ impl Completion {
             session,
             waiters: Mutex::new(None),
             waiters_started: AtomicBool::new(false),
+            waiters_running: AtomicUsize::new(0),
+            waits_busy: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -337,11 +416,18 @@ impl Completion {
             what,
             What::Read { .. } | What::Finish { .. } | What::WaitOne(_)
         );
+        let t0 = crate::trace::on().then(Instant::now);
         crate::session::retain_event(event);
-        if self.inflight.callbacks.fetch_add(1, Ordering::AcqRel) == 0 {
-            // The completion thread sleeps without a timeout while nothing
-            // is pending: wake it so that it polls.
-            let _ = self.tx.send(Done::Wake);
+        self.inflight.callbacks.fetch_add(1, Ordering::AcqRel);
+        if let What::Staging { data } = what {
+            // Reaped by status, not called back (see `Inflight::staged`).
+            self.inflight.reap(true);
+            self.inflight
+                .staged
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back((event, data));
+            return Ok(());
         }
         let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
         pending().insert(
@@ -353,8 +439,15 @@ impl Completion {
                 inflight: self.inflight.clone(),
                 event,
                 what,
+                since: t0.filter(|_| waited_for),
             },
         );
+        // A wait that a free waiter thread takes needs no vendor callback
+        // (which slows the context's later commands on NVIDIA): the waiter
+        // completes it, or the poll if the waiter fails.
+        if waited_for && self.wait_in_background(token, event) {
+            return Ok(());
+        }
         let rc = match vfn!(event.get(), clSetEventCallback) {
             // SAFETY: `on_event` matches the callback signature; the user
             // data is a token, never dereferenced.
@@ -368,10 +461,12 @@ impl Completion {
             },
             Err(e) => e,
         };
+        if let Some(t0) = t0 {
+            let g = &*crate::trace::GLOBAL;
+            crate::trace::add(&g.registrations, 1);
+            crate::trace::add(&g.register_ns, crate::trace::ns(t0));
+        }
         if rc == CL_SUCCESS {
-            if waited_for {
-                self.wait_in_background(token, event);
-            }
             return Ok(());
         }
         let Some(p) = pending().remove(&token) else {
@@ -419,31 +514,41 @@ impl Completion {
     }
 
     /// Hands a registration a client waits for to a waiter thread, which
-    /// holds its own reference to the event meanwhile. When the waiters are
-    /// busy and their queue full, the callback and the poll do the work.
-    fn wait_in_background(&self, token: usize, event: VPtr) {
+    /// holds its own reference to the event meanwhile. True when a waiter
+    /// was free to take it at once; otherwise (all waiters busy, maybe on
+    /// user events) it is queued if there is room, and the caller also
+    /// registers the vendor callback.
+    fn wait_in_background(&self, token: usize, event: VPtr) -> bool {
         if !self.waiters_started.swap(true, Ordering::AcqRel) {
             let (tx, rx) = mpsc::sync_channel(WAITER_QUEUE);
             let rx = Arc::new(Mutex::new(rx));
             for i in 0..WAITERS {
                 let (rx, writer) = (rx.clone(), self.writer.clone());
+                let busy = self.waits_busy.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("crane-wait-{}.{i}", self.session))
-                    .spawn(move || waiter(&rx, &writer));
-                if let Err(e) = spawned {
-                    limited!(log::Level::Warn, "cannot start a waiter thread: {e}");
+                    .spawn(move || waiter(&rx, &writer, &busy));
+                match spawned {
+                    Ok(_) => {
+                        self.waiters_running.fetch_add(1, Ordering::AcqRel);
+                    }
+                    Err(e) => limited!(log::Level::Warn, "cannot start a waiter thread: {e}"),
                 }
             }
             *self.waiters.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         }
         crate::session::retain_event(event);
+        let ahead = self.waits_busy.fetch_add(1, Ordering::AcqRel);
         let queued = match &*self.waiters.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(tx) => tx.try_send((token, event)).is_ok(),
             None => false,
         };
         if !queued {
+            self.waits_busy.fetch_sub(1, Ordering::AcqRel);
             release_event(event);
+            return false;
         }
+        ahead < self.waiters_running.load(Ordering::Acquire)
     }
 
     /// Stops the thread once the callbacks still owed have run (or after a
@@ -469,7 +574,7 @@ impl Drop for Completion {
 
 /// A waiter thread: blocks in clWaitForEvents for each queued registration
 /// and, if nothing else completed it meanwhile, answers it.
-fn waiter(rx: &Mutex<Receiver<(usize, VPtr)>>, writer: &Writer) {
+fn waiter(rx: &Mutex<Receiver<(usize, VPtr)>>, writer: &Writer, busy: &AtomicUsize) {
     loop {
         let job = rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
         let Ok((token, event)) = job else {
@@ -483,12 +588,14 @@ fn waiter(rx: &Mutex<Receiver<(usize, VPtr)>>, writer: &Writer) {
             if status <= CL_COMPLETE {
                 let taken = pending().remove(&token);
                 if let Some(p) = taken {
+                    p.traced(|g| &g.by_waiter);
                     p.answer_here(status, writer);
                 }
             }
         }));
         // The waiter's own reference; the registration keeps its own.
         release_event(event);
+        busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -532,6 +639,9 @@ fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
     let mut stopping: Option<Instant> = None;
     let mut next_poll = Instant::now() + POLL;
     loop {
+        if stopping.is_some() {
+            inflight.reap(false);
+        }
         let owed_now = inflight.callbacks.load(Ordering::Acquire) > 0;
         if let Some(deadline) = stopping {
             if !owed_now {
@@ -546,10 +656,11 @@ fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
                 break;
             }
         }
+        // Polls on a timer rather than being woken for each new
+        // registration: one wake-up every POLL per idle session.
         let until = match (owed_now, stopping) {
-            (false, None) => None,
             (false, Some(d)) => Some(d),
-            (true, None) => Some(next_poll),
+            (_, None) => Some(next_poll),
             (true, Some(d)) => Some(next_poll.min(d)),
         };
         let msg = match until {
@@ -561,13 +672,23 @@ fn run(rx: Receiver<Done>, writer: &Writer, inflight: &Inflight, owner: u64) {
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => break,
         }
-        if owed_now && Instant::now() >= next_poll {
-            poll(owner);
+        if Instant::now() >= next_poll {
+            if owed_now {
+                poll(owner);
+                inflight.reap(false);
+            }
             next_poll = Instant::now() + POLL;
         }
     }
     while let Ok(msg) = rx.try_recv() {
         handle(msg, writer, inflight, &mut stopping);
+    }
+    let abandoned = inflight.abandon_staged();
+    if abandoned > 0 {
+        limited!(
+            log::Level::Warn,
+            "{abandoned} write(s) still running when the session ended; their host memory stays with the vendor"
+        );
     }
 }
 
@@ -588,6 +709,7 @@ fn poll(owner: u64) {
         }
         let taken = pending().remove(&token);
         if let Some(p) = taken {
+            p.traced(|g| &g.by_poll);
             // As a vendor would report it: the registered status, or the
             // error the command ended with.
             p.fire(if status < 0 { status } else { trigger });
@@ -617,11 +739,10 @@ fn handle(msg: Done, writer: &Writer, inflight: &Inflight, stopping: &mut Option
             release,
         } => {
             writer.send(seq, &answer, &data);
-            inflight.buffers.give(data);
+            inflight.buffers.recycle(data);
             release_event(release);
         }
         Done::Release(e) => release_event(e),
-        Done::Wake => {}
         Done::Stop => {
             stopping.get_or_insert_with(|| Instant::now() + STOP_GRACE);
         }

@@ -19,6 +19,7 @@ use log::Level;
 use opencl_sys::*;
 
 use crate::conn::{self, FrameReader, ReadError, Stream, Writer};
+use crate::pinned::HostBuf;
 use crate::ratelimit::limited;
 use crate::server::Shared;
 use crate::tokens;
@@ -63,6 +64,14 @@ pub(crate) struct Session {
     last_seq: u64,
     /// Per queue id: how far its commands are known to have completed.
     pub progress: std::collections::HashMap<Id, Arc<completion::QueueProgress>>,
+    /// Pinned staging ([`crate::pinned`]): the session's budget (None when
+    /// off), its pools by context, and each queue's pool (None when its
+    /// context has none).
+    pinned_budget: Option<Arc<crate::pinned::Budget>>,
+    pinned_pools: std::collections::HashMap<crate::vendor::VPtr, Arc<crate::pinned::Pool>>,
+    pub pinned_by_queue: std::collections::HashMap<Id, Option<Arc<crate::pinned::Pool>>>,
+    /// Whether the client had sent nothing beyond the call being run.
+    pub client_idle: bool,
 }
 
 /// Serves one accepted connection until it ends.
@@ -123,6 +132,10 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         writer: writer.clone(),
         last_seq: hello_seq,
         progress: std::collections::HashMap::new(),
+        pinned_budget: crate::pinned::Budget::for_session(limits.max_mem_bytes),
+        pinned_pools: std::collections::HashMap::new(),
+        pinned_by_queue: std::collections::HashMap::new(),
+        client_idle: false,
     };
     writer.send(
         hello_seq,
@@ -337,7 +350,26 @@ fn takes_payload(call: &Call) -> bool {
 impl Session {
     fn run(&mut self, reader: &mut FrameReader) -> End {
         let max_payload = self.shared.limits.max_payload;
+        let mut trace = crate::trace::on().then(crate::trace::Session::default);
+        let end = self.serve_calls(reader, max_payload, &mut trace);
+        if let Some(t) = &trace {
+            t.report(self.id);
+        }
+        end
+    }
+
+    fn serve_calls(
+        &mut self,
+        reader: &mut FrameReader,
+        max_payload: u64,
+        trace: &mut Option<crate::trace::Session>,
+    ) -> End {
         loop {
+            if reader.drained() {
+                // About to wait for the client: free what finished writes held.
+                self.completion.inflight.reap(true);
+            }
+            let t0 = trace.is_some().then(Instant::now);
             let h = match reader.next(MAX_BODY, max_payload) {
                 Ok(Some(h)) => h,
                 Ok(None) => return End::Eof,
@@ -345,10 +377,16 @@ impl Session {
                 Err(e @ ReadError::Truncated) => return End::Violation(e.to_string()),
                 Err(e) => return End::Lost(e.to_string()),
             };
+            let t1 = trace.is_some().then(Instant::now);
             let call: Call = match crane_wire::decode(&reader.body) {
                 Ok(c) => c,
                 Err(e) => return End::Violation(format!("a message cannot be decoded: {e}")),
             };
+            if let (Some(t), Some(t0), Some(t1)) = (trace.as_mut(), t0, t1) {
+                t.frames += 1;
+                t.wait_ns += (t1 - t0).as_nanos() as u64;
+                t.decode_ns += crate::trace::ns(t1);
+            }
             if h.seq <= self.last_seq {
                 return End::Violation(format!(
                     "sequence number {} does not follow {}",
@@ -356,19 +394,38 @@ impl Session {
                 ));
             }
             self.last_seq = h.seq;
-            let payload = match reader.payload(h.payload_len, &self.completion.inflight.buffers) {
+            let pinned = match &call {
+                Call::EnqueueWriteBuffer { queue, .. }
+                | Call::EnqueueWriteBufferRect { queue, .. }
+                | Call::EnqueueWriteImage { queue, .. } => {
+                    self.pinned_staging(*queue, h.payload_len)
+                }
+                _ => None,
+            };
+            let read = match pinned {
+                Some(mut b) => reader.payload_into(&mut b).map(|()| b),
+                None => reader
+                    .payload(h.payload_len, &self.completion.inflight.buffers)
+                    .map(HostBuf::Heap),
+            };
+            let payload = match read {
                 Ok(p) => p,
                 Err(e @ (ReadError::Frame(_) | ReadError::Truncated)) => {
                     return End::Violation(e.to_string());
                 }
                 Err(e) => return End::Lost(e.to_string()),
             };
+            self.client_idle = reader.drained();
             match call {
                 Call::Bye => return End::Bye,
                 Call::Hello { .. } => return End::Violation("Hello in an open session".into()),
                 call => {
+                    let t2 = trace.is_some().then(|| (call.name(), Instant::now()));
                     if let Err(v) = self.execute(h.seq, call, payload) {
                         return End::Violation(v);
+                    }
+                    if let (Some(t), Some((name, t2))) = (trace.as_mut(), t2) {
+                        t.call(name, t2);
                     }
                 }
             }
@@ -376,7 +433,7 @@ impl Session {
     }
 
     /// Runs one call and reports its failure; `Err` ends the session.
-    fn execute(&mut self, seq: u64, call: Call, payload: Vec<u8>) -> Result<(), String> {
+    fn execute(&mut self, seq: u64, call: Call, payload: HostBuf) -> Result<(), String> {
         let name = call.name();
         if !payload.is_empty() && !takes_payload(&call) {
             return Err(format!("{name} carries no payload"));
@@ -398,8 +455,18 @@ impl Session {
         }
     }
 
-    fn dispatch(&mut self, seq: u64, call: Call, payload: Vec<u8>) -> CallResult {
+    fn dispatch(&mut self, seq: u64, call: Call, payload: HostBuf) -> CallResult {
         use Call::*;
+        // Only transfers' payloads can be pinned (and stay so).
+        let transfer = matches!(
+            call,
+            EnqueueWriteBuffer { .. } | EnqueueWriteBufferRect { .. } | EnqueueWriteImage { .. }
+        );
+        let (payload, staged) = if transfer {
+            (Vec::new(), payload)
+        } else {
+            (payload.into_vec(), HostBuf::default())
+        };
         match call {
             Hello { .. } | Bye => unreachable!("handled by the session loop"),
             GetPlatformIds { ids } => self.get_platform_ids(seq, &ids),
@@ -539,7 +606,7 @@ impl Session {
                 offset,
                 size,
                 sync,
-            } => self.enqueue_write_buffer(queue, buffer, offset, size, &sync, payload),
+            } => self.enqueue_write_buffer(queue, buffer, offset, size, &sync, staged),
             EnqueueReadBuffer {
                 queue,
                 buffer,
@@ -552,7 +619,7 @@ impl Session {
                 buffer,
                 rect,
                 sync,
-            } => self.enqueue_write_buffer_rect(queue, buffer, &rect, &sync, payload),
+            } => self.enqueue_write_buffer_rect(queue, buffer, &rect, &sync, staged),
             EnqueueReadBufferRect {
                 queue,
                 buffer,
@@ -565,7 +632,7 @@ impl Session {
                 origin,
                 region,
                 sync,
-            } => self.enqueue_write_image(queue, image, origin, region, &sync, payload),
+            } => self.enqueue_write_image(queue, image, origin, region, &sync, staged),
             EnqueueReadImage {
                 queue,
                 image,
@@ -660,6 +727,42 @@ impl Session {
                 Ok(())
             }
         }
+    }
+
+    /// Pinned host memory for a transfer of `len` bytes on the queue
+    /// `queue`, when the session's budget and the vendor allow; the pool of
+    /// the queue's context is made at its first transfer.
+    pub fn pinned_staging(&mut self, queue: Id, len: u64) -> Option<HostBuf> {
+        let budget = self.pinned_budget.as_ref()?;
+        let pool = match self.pinned_by_queue.get(&queue) {
+            Some(p) => p.clone(),
+            None => {
+                let q = self.objects.handle(queue, Kind::Queue).ok()?;
+                let pool = crate::pinned::queue_context(q).and_then(|(ctx, dev)| {
+                    if let Some(p) = self.pinned_pools.get(&ctx) {
+                        return Some(p.clone());
+                    }
+                    let p = crate::pinned::Pool::new(ctx, dev, budget.clone())?;
+                    self.pinned_pools.insert(ctx, p.clone());
+                    Some(p)
+                });
+                self.pinned_by_queue.insert(queue, pool.clone());
+                pool
+            }
+        };
+        let got = pool.and_then(|p| p.take(usize::try_from(len).ok()?));
+        if crate::trace::on() {
+            let g = &*crate::trace::GLOBAL;
+            crate::trace::add(
+                if got.is_some() {
+                    &g.pinned
+                } else {
+                    &g.unpinned
+                },
+                1,
+            );
+        }
+        got.map(HostBuf::Pinned)
     }
 
     /// Sends an answer frame.
@@ -776,6 +879,9 @@ impl Session {
         for (kind, detail, h) in all {
             release(kind, detail, h);
         }
+        // Pinned buffers still in use keep their pool (and its context).
+        self.pinned_by_queue.clear();
+        self.pinned_pools.clear();
         n
     }
 

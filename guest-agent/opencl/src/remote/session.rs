@@ -162,6 +162,8 @@ struct Slot {
     /// The thread waiting for the answer (none for a non-blocking read).
     waiter: Option<Thread>,
     answer: Option<(Answer, Vec<u8>)>,
+    /// When the answer's header and its data arrived (tracing only).
+    arrived: Option<(std::time::Instant, std::time::Instant)>,
     /// Events counting this read as pending until it lands.
     landing: Vec<Arc<RObj>>,
     /// The queue and ticket of this read.
@@ -177,6 +179,9 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
+    /// Bumped after each answer is handed to a waiting thread, which
+    /// watches it before it sleeps.
+    answers: AtomicU64,
     /// Signalled whenever a read lands or the session dies.
     landed: Condvar,
     callbacks: Mutex<HashMap<u64, StatusCallback>>,
@@ -206,6 +211,50 @@ pub struct Session {
     /// Bytes of bulk data sent and received, for transition reports.
     pub sent: AtomicU64,
     pub received: AtomicU64,
+    /// Timing of blocking calls (`CRANE_REMOTE_TRACE=1`).
+    trace: Option<Mutex<Trace>>,
+}
+
+/// Sums over blocking calls, in nanoseconds: the application's time between
+/// them, sending, until the answer's header was read, reading its data,
+/// waking the caller.
+#[derive(Default)]
+struct Trace {
+    n: u64,
+    last_return: Option<std::time::Instant>,
+    gap: u64,
+    send: u64,
+    net: u64,
+    data: u64,
+    wake: u64,
+}
+
+impl Trace {
+    fn add(&mut self, t: [std::time::Instant; 5]) {
+        let d = |a: std::time::Instant, b: std::time::Instant| (b - a).as_nanos() as u64;
+        if let Some(l) = self.last_return {
+            self.gap += d(l, t[0]);
+        }
+        self.send += d(t[0], t[1]);
+        self.net += d(t[1], t[2]);
+        self.data += d(t[2], t[3]);
+        self.wake += d(t[3], t[4]);
+        self.n += 1;
+        self.last_return = Some(std::time::Instant::now());
+        if self.n == 4096 {
+            let us = |v: u64| v as f64 / self.n as f64 / 1e3;
+            eprintln!(
+                "TRACE client: {} blocking calls, per call (us): between {:.1}, send {:.1}, to answer {:.1}, data {:.1}, wake {:.1}",
+                self.n,
+                us(self.gap),
+                us(self.send),
+                us(self.net),
+                us(self.data),
+                us(self.wake)
+            );
+            *self = Trace::default();
+        }
+    }
 }
 
 /// How long connecting and the handshake may take.
@@ -266,6 +315,7 @@ impl Session {
                 dead: None,
                 failed: Vec::new(),
             }),
+            answers: AtomicU64::new(0),
             landed: Condvar::new(),
             callbacks: Mutex::new(HashMap::new()),
             cb_tx: Mutex::new(Some(cb_tx)),
@@ -298,6 +348,9 @@ impl Session {
             closed: AtomicBool::new(false),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            trace: std::env::var_os("CRANE_REMOTE_TRACE")
+                .is_some_and(|v| v != "0")
+                .then(|| Mutex::new(Trace::default())),
         });
         let weak = Arc::downgrade(&s);
         let max_payload = limits.max_payload;
@@ -427,16 +480,30 @@ impl Session {
             dest,
             waiter: Some(std::thread::current()),
             answer: None,
+            arrived: None,
             landing: Vec::new(),
             ticket: None,
         };
+        let t0 = self.trace.is_some().then(std::time::Instant::now);
         let seq = self.send_with_slot(call, payload, slot)?;
+        let t1 = self.trace.is_some().then(std::time::Instant::now);
+        let spin = Duration::from_micros(crate::config::get().remote_spin_us);
+        let mut spin_until = (!spin.is_zero()).then(|| std::time::Instant::now() + spin);
+        let mut seen = self.shared.answers.load(Ordering::Acquire);
         loop {
             {
                 let mut st = lock(&self.shared.state);
                 if let Some(slot) = st.slots.get_mut(&seq) {
                     if let Some(a) = slot.answer.take() {
+                        let arrived = slot.arrived;
                         st.slots.remove(&seq);
+                        drop(st);
+                        if let (Some(tr), Some(t0), Some(t1), Some((t2, t3))) =
+                            (&self.trace, t0, t1, arrived)
+                        {
+                            let now = std::time::Instant::now();
+                            lock(tr).add([t0, t1, t2, t3, now]);
+                        }
                         return Ok(a);
                     }
                     if st.dead.is_some() {
@@ -446,6 +513,23 @@ impl Session {
                 } else {
                     return Err(GONE);
                 }
+            }
+            // Watch for an answer (yielding to whatever else wants the
+            // core), then sleep until the reader thread wakes us.
+            if let Some(until) = spin_until {
+                loop {
+                    std::thread::yield_now();
+                    let now = self.shared.answers.load(Ordering::Acquire);
+                    if now != seen {
+                        seen = now;
+                        break;
+                    }
+                    if std::time::Instant::now() >= until {
+                        spin_until = None;
+                        break;
+                    }
+                }
+                continue;
             }
             std::thread::park_timeout(Duration::from_millis(200));
         }
@@ -469,6 +553,7 @@ impl Session {
             dest,
             waiter: None,
             answer: None,
+            arrived: None,
             landing: event.clone().into_iter().collect(),
             ticket: Some((queue.clone(), ticket)),
         };
@@ -595,11 +680,14 @@ fn die(shared: &Shared, why: String) {
 }
 
 fn reader_loop(
-    mut r: Stream,
+    r: Stream,
     shared: Arc<Shared>,
     session: std::sync::Weak<Session>,
     max_payload: u64,
 ) {
+    // Buffered: a header and a small answer cost one system call, not
+    // three; large payloads still go straight into their destination.
+    let mut r = std::io::BufReader::with_capacity(64 << 10, r);
     let mut body = Vec::new();
     let why = loop {
         let h = match crane_wire::read_frame(&mut r, max_payload, &mut body) {
@@ -631,7 +719,7 @@ fn reader_loop(
 }
 
 fn handle(
-    r: &mut Stream,
+    r: &mut impl Read,
     shared: &Shared,
     session: &std::sync::Weak<Session>,
     h: Header,
@@ -681,9 +769,12 @@ fn handle(
         )
     };
     let n = h.payload_len as usize;
+    let mut traced = false;
     if let Some(s) = session.upgrade() {
         s.received.fetch_add(n as u64, Ordering::Relaxed);
+        traced = s.trace.is_some();
     }
+    let header_at = traced.then(std::time::Instant::now);
     let mut kept = Vec::new();
     let ok_data = matches!(answer, Answer::Data(CL_SUCCESS));
     match dest {
@@ -734,8 +825,10 @@ fn handle(
             // Gone if the session died meanwhile; the waiter has been told.
             if let Some(slot) = st.slots.get_mut(&h.seq) {
                 slot.answer = Some((answer, kept));
+                slot.arrived = header_at.map(|t| (t, std::time::Instant::now()));
             }
             drop(st);
+            shared.answers.fetch_add(1, Ordering::AcqRel);
             t.unpark();
         }
         None => {
@@ -756,7 +849,7 @@ fn land_ticket(queue: &RObj, ticket: u64) {
         .remove(&ticket);
 }
 
-fn skip(r: &mut Stream, n: u64) -> Result<(), String> {
+fn skip(r: &mut impl Read, n: u64) -> Result<(), String> {
     std::io::copy(&mut r.take(n), &mut std::io::sink())
         .map_err(|e| format!("reading from crane-proxy: {e}"))
         .and_then(|got| {
