@@ -4,11 +4,15 @@
 //!   integration tests (the OpenCL corpus on PoCL), then the end-to-end tier on
 //!   emulated Xen hosts (skipped, loudly, where this machine cannot run it;
 //!   `CRANE_REQUIRE_E2E=1` makes that an error).
-//! * `cargo xtask demo [--hosts 2]` — on an emulated Xen host: an OpenCL app in a
-//!   guest suspended by crane (GPU state in RAM, vendor library unloaded), the GPU
-//!   detached, the guest live-migrated, a GPU attached, the app resumed, its result
-//!   checked against a native run. Where no emulated host can run, or with
-//!   `--local [--app PATH -- ARGS]`: the same cycle on this machine without a VM.
+//! * `cargo xtask demo [--hosts 2]` — on emulated Xen hosts, crane as deployed
+//!   (craned and the xl wrapper in dom0, crane-proxy in a proxy domain,
+//!   crane-agent in an HVM guest): an OpenCL app in the guest keeps running while
+//!   `xl migrate` moves the guest (to the same host; with `--hosts 2` also to the
+//!   other host), on crane-proxy meanwhile and back on a freshly attached GPU
+//!   after, then through `xl save` / `xl restore`; its result is checked against
+//!   a native run. Where no emulated host can run, or with
+//!   `--local [--app PATH -- ARGS]`: the suspend/resume cycle on this machine
+//!   without a VM.
 //! * `cargo xtask bench [RUNS]` — added nanoseconds per call versus native.
 //! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
