@@ -129,6 +129,20 @@ pub struct GuestStatus {
     /// The last operation's outcome.
     #[serde(default)]
     pub last: Option<String>,
+    /// The latest outcomes (at most 5), oldest first, `last` included.
+    #[serde(default)]
+    pub recent: Vec<String>,
+    /// The guest's OpenCL processes and their modes as its agent last
+    /// reported them (at the latest migration step).
+    #[serde(default)]
+    pub apps: Vec<AppMode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppMode {
+    pub pid: u32,
+    /// `passthrough`, `remote`, `suspended`, `gone`, `failed`, `timed-out`.
+    pub mode: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,6 +197,10 @@ pub struct Done {
     pub domains: Option<Vec<Domain>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// pre-migrate, receive, rollback: the longest time one of the guest's
+    /// OpenCL processes was stopped by the switch (microseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_us: Option<u64>,
     /// Wall time of the whole request.
     #[serde(default)]
     pub ms: u64,

@@ -10,7 +10,10 @@
 //! - [`migrate`]: the choreography, with [`journal`] keeping each step.
 //! - [`proxy`]: the proxy domain's supervision and its tokens ([`tokens`]).
 //! - [`service`]: the state behind the control socket; [`server`]: the socket.
+//! - [`admin`]: the XenStore trigger (requests under dom0's crane tree), with
+//!   [`transfer`] running `xl migrate` for it.
 
+pub(crate) mod admin;
 pub mod config;
 pub mod journal;
 pub mod migrate;
@@ -19,6 +22,7 @@ pub(crate) mod ratelimit;
 pub mod server;
 pub mod service;
 pub mod tokens;
+pub mod transfer;
 
 #[cfg(test)]
 pub(crate) mod testing;

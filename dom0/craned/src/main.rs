@@ -48,7 +48,18 @@ fn main() -> Result<()> {
         cfg.pool().len(),
         cfg.socket.display()
     );
+    // A second connection carries the watch on the request tree, so that
+    // watch events never interleave with the service's own replies.
+    let wake: Option<Box<dyn crane_xs::XsWatch + Send>> = match SystemStore::open() {
+        Ok(s) => Some(Box::new(s)),
+        Err(e) => {
+            log::warn!(
+                "no second xenstored connection ({e}); XenStore requests are seen every tick"
+            );
+            None
+        }
+    };
     let service = Service::new(cfg, store, xl, secret, Box::new(connect_check));
-    server::serve(service, listener, tick);
+    server::serve(service, listener, tick, wake);
     Ok(())
 }

@@ -27,12 +27,13 @@ use std::time::Duration;
 
 use crane_libxl::{LibxlError, PciAddr, Xl};
 use crane_xs::dom0::{Dom0Error, GuestChannel};
-use crane_xs::message::{GuestState, MigrateMode, Op, Outcome, Response};
+use crane_xs::message::{AppOutcome, AppResult, GuestState, MigrateMode, Op, Outcome, Response};
 use crane_xs::{XenStore, XsError};
 use craned_control::Mode;
 
 use crate::config::{Config, NoFreeGpu};
 use crate::journal::{self, Entry, JournalError, Phase};
+use crate::proxy::HealthCheck;
 use crate::ratelimit::limited;
 use crate::tokens;
 
@@ -46,6 +47,11 @@ pub enum MigrateError {
     Busy { guest: String, phase: &'static str },
     #[error("remote mode is not available: {0}")]
     NoRemote(&'static str),
+    #[error(
+        "crane-proxy does not answer at {address} ({error}); the migration is \
+         refused and nothing was changed"
+    )]
+    ProxyDown { address: String, error: String },
     #[error(
         "the guest agent of {guest} did not publish its state within {ms} ms \
          (is crane-agent running in the guest?)"
@@ -141,6 +147,60 @@ pub struct Migration<'a, S, X> {
     pub secret: Option<&'a [u8]>,
     /// Told each phase as it starts (phase, detail).
     pub progress: &'a mut dyn FnMut(&str, Option<String>),
+    /// What the guest's processes did in each answer the agent gave, in
+    /// order (their stoppage times).
+    pub answers: Vec<Answered>,
+    /// Asked before a remote pre-migrate: does crane-proxy answer?
+    pub proxy_check: Option<&'a HealthCheck>,
+}
+
+/// One final answer of the agent and its per-process results.
+#[derive(Debug, Clone)]
+pub struct Answered {
+    pub op: &'static str,
+    /// The agent's own time for the whole operation.
+    pub ms: f64,
+    pub apps: Vec<AppResult>,
+}
+
+impl Answered {
+    /// The longest time one process was stopped by the operation: its switch
+    /// (to remote, to RAM, or back), as the process measured it. `None` when
+    /// no process moved.
+    pub fn longest_stop_ms(&self) -> Option<f64> {
+        self.apps
+            .iter()
+            .filter(|a| {
+                matches!(
+                    a.outcome,
+                    AppOutcome::Remote | AppOutcome::Suspended | AppOutcome::Passthrough
+                )
+            })
+            .map(|a| a.ms)
+            .reduce(f64::max)
+    }
+
+    /// One line for the operator: what the processes did and how long the
+    /// longest was stopped.
+    pub fn summary(&self) -> String {
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for a in &self.apps {
+            *counts.entry(a.outcome.as_str()).or_default() += 1;
+        }
+        let what = if counts.is_empty() {
+            "no OpenCL processes".to_string()
+        } else {
+            counts
+                .iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self.longest_stop_ms() {
+            Some(ms) => format!("{what}; longest stop {ms:.0} ms (agent {:.0} ms)", self.ms),
+            None => format!("{what} (agent {:.0} ms)", self.ms),
+        }
+    }
 }
 
 fn ms(d: u64) -> Duration {
@@ -151,7 +211,41 @@ fn domid16(domid: u32) -> u16 {
     u16::try_from(domid).unwrap_or(u16::MAX)
 }
 
-impl<S: XenStore, X: Xl> Migration<'_, S, X> {
+impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
+    pub fn new(
+        store: &'a S,
+        xl: &'a X,
+        cfg: &'a Config,
+        secret: Option<&'a [u8]>,
+        progress: &'a mut dyn FnMut(&str, Option<String>),
+    ) -> Self {
+        Migration {
+            store,
+            xl,
+            cfg,
+            secret,
+            progress,
+            answers: Vec::new(),
+            proxy_check: None,
+        }
+    }
+
+    /// Checks crane-proxy (at `cfg.proxy.address`) before every remote
+    /// pre-migrate, so a migration that could not run remotely is refused
+    /// before anything changes.
+    pub fn with_proxy_check(mut self, check: &'a HealthCheck) -> Self {
+        self.proxy_check = Some(check);
+        self
+    }
+
+    /// The longest stop of the first answer to `op` in this run.
+    pub fn stop_ms(&self, op: &str) -> Option<f64> {
+        self.answers
+            .iter()
+            .find(|a| a.op == op)
+            .and_then(Answered::longest_stop_ms)
+    }
+
     fn step(&mut self, phase: &str, detail: Option<String>) {
         (self.progress)(phase, detail);
     }
@@ -263,7 +357,21 @@ impl<S: XenStore, X: Xl> Migration<'_, S, X> {
         entry.seq = req.seq;
         journal::save(self.store, guest, entry)?;
         match chan.wait_answer(req.seq, ms(deadline_ms + self.cfg.answer_grace_ms)) {
-            Ok(r) => Ok(r),
+            Ok(r) => {
+                // The guest wrote these; a malformed set only costs the figures.
+                let apps = chan.app_results(req.seq).unwrap_or_else(|e| {
+                    limited!(log::Level::Warn, "{guest}: per-process results: {e}");
+                    Vec::new()
+                });
+                let answered = Answered {
+                    op: name,
+                    ms: r.ms,
+                    apps,
+                };
+                self.step(&format!("{name} answered"), Some(answered.summary()));
+                self.answers.push(answered);
+                Ok(r)
+            }
             Err(Dom0Error::Timeout { .. }) => Err(MigrateError::AgentTimeout {
                 guest: guest.to_string(),
                 op: name,
@@ -335,6 +443,17 @@ impl<S: XenStore, X: Xl> Migration<'_, S, X> {
             });
         }
         let op = self.migrate_op(&name, mode)?;
+        if let (Mode::Remote, Some(check)) = (mode, self.proxy_check) {
+            self.step("proxy", Some(self.cfg.proxy.address.clone()));
+            check(
+                &self.cfg.proxy.address,
+                ms(self.cfg.proxy.health_timeout_ms),
+            )
+            .map_err(|e| MigrateError::ProxyDown {
+                address: self.cfg.proxy.address.clone(),
+                error: e,
+            })?;
+        }
         let mut entry = Entry::new(Phase::Preparing, domid);
         entry.mode = Some(mode);
         entry.dest = Some(dest.to_string());
@@ -754,6 +873,8 @@ mod tests {
         xl: FakeXl,
         cfg: Config,
         phases: Vec<String>,
+        /// The detail of the latest "... answered" phase.
+        last_answer: String,
     }
 
     impl World {
@@ -766,6 +887,7 @@ mod tests {
                 xl: FakeXl::default(),
                 cfg,
                 phases: Vec::new(),
+                last_answer: String::new(),
             }
         }
 
@@ -789,15 +911,15 @@ mod tests {
         }
 
         fn run<T>(&mut self, f: impl FnOnce(&mut Migration<'_, MemConn, FakeXl>) -> T) -> T {
-            let phases = &mut self.phases;
-            let mut progress = |p: &str, _d: Option<String>| phases.push(p.to_string());
-            let mut m = Migration {
-                store: &self.dom0,
-                xl: &self.xl,
-                cfg: &self.cfg,
-                secret: Some(SECRET),
-                progress: &mut progress,
+            let (phases, last) = (&mut self.phases, &mut self.last_answer);
+            let mut progress = |p: &str, d: Option<String>| {
+                if p.ends_with(" answered") {
+                    *last = d.unwrap_or_default();
+                }
+                phases.push(p.to_string());
             };
+            let mut m =
+                Migration::new(&self.dom0, &self.xl, &self.cfg, Some(SECRET), &mut progress);
             f(&mut m)
         }
 
@@ -843,7 +965,11 @@ mod tests {
             (e.phase, e.owner, e.seq),
             (Phase::Detached, Some(77), req.seq)
         );
-        assert_eq!(w.steps(), ["prepare-migrate", "detach"]);
+        assert_eq!(
+            w.steps(),
+            ["prepare-migrate", "prepare-migrate answered", "detach"]
+        );
+        assert_eq!(w.last_answer, "1 remote; longest stop 12 ms (agent 1 ms)");
 
         // A repeat (the wrapper retrying) answers at once; another mode is busy.
         let again = w.run(|m| m.pre_migrate("3", "host1", Mode::Remote, Some(78)));
@@ -880,7 +1006,10 @@ mod tests {
         assert_eq!(w.xl.gpus_of(9), [gpu(GPU_B)]);
         assert_eq!(agent.ops(), ["prepare-resume"]);
         assert!(w.journal("g1").is_none());
-        assert_eq!(w.steps(), ["attach", "prepare-resume"]);
+        assert_eq!(
+            w.steps(),
+            ["attach", "prepare-resume", "prepare-resume answered"]
+        );
         // Receiving again is harmless: GPU kept, agent already in passthrough.
         assert_eq!(
             w.run(|m| m.receive("g1")).unwrap(),
@@ -1158,13 +1287,7 @@ mod tests {
         // Remote mode needs a secret and an address.
         let phases = &mut w.phases;
         let mut progress = |p: &str, _d: Option<String>| phases.push(p.to_string());
-        let mut m = Migration {
-            store: &w.dom0,
-            xl: &w.xl,
-            cfg: &w.cfg,
-            secret: None,
-            progress: &mut progress,
-        };
+        let mut m = Migration::new(&w.dom0, &w.xl, &w.cfg, None, &mut progress);
         let e = m
             .pre_migrate("g1", "h", Mode::Remote, None)
             .unwrap_err()
@@ -1177,13 +1300,7 @@ mod tests {
         e.gpus = vec![gpu(GPU_A)];
         journal::save(&w.dom0, "g1", &e).unwrap();
         let mut progress = |_: &str, _: Option<String>| {};
-        let mut m = Migration {
-            store: &w.dom0,
-            xl: &w.xl,
-            cfg: &w.cfg,
-            secret: None,
-            progress: &mut progress,
-        };
+        let mut m = Migration::new(&w.dom0, &w.xl, &w.cfg, None, &mut progress);
         assert!(matches!(m.roll_back("g1"), Err(MigrateError::Gone(_))));
     }
 }

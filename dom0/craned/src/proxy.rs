@@ -70,6 +70,11 @@ impl ProxySupervisor {
         &self.status
     }
 
+    /// The health check, for a check on demand (before a remote move).
+    pub fn checker(&self) -> &HealthCheck {
+        &*self.check
+    }
+
     fn error(&mut self, e: String) {
         if self.status.last_error.as_deref() != Some(e.as_str()) {
             log::warn!("proxy: {e}");

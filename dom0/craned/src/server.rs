@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use crane_libxl::Xl;
-use crane_xs::XenStore;
+use crane_xs::layout::DOM0_REQUESTS;
+use crane_xs::{XenStore, XsWatch};
 use craned_control::{Done, Progress, Reply, Request, Status, read_line, write_message};
 
 use crate::ratelimit::limited;
@@ -65,9 +66,15 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServerError> {
 }
 
 /// Serves `listener` and runs the supervision loop every `tick` until the
-/// process ends.
-pub fn serve<S, X>(service: Service<S, X>, listener: UnixListener, tick: Duration)
-where
+/// process ends; with `wake` (a XenStore connection of its own), also as
+/// soon as a request appears under dom0's request tree (the XenStore
+/// trigger).
+pub fn serve<S, X>(
+    service: Service<S, X>,
+    listener: UnixListener,
+    tick: Duration,
+    wake: Option<Box<dyn XsWatch + Send>>,
+) where
     S: XenStore + Send + 'static,
     X: Xl + Send + 'static,
 {
@@ -77,6 +84,13 @@ where
         connections: AtomicUsize::new(0),
     });
     let ticker = shared.clone();
+    let wake = wake.and_then(|w| match w.watch(DOM0_REQUESTS, "requests") {
+        Ok(()) => Some(w),
+        Err(e) => {
+            log::warn!("cannot watch {DOM0_REQUESTS} ({e}); requests are seen every tick");
+            None
+        }
+    });
     std::thread::spawn(move || {
         loop {
             {
@@ -84,7 +98,15 @@ where
                 svc.tick(&process_alive);
                 *lock(&ticker.snapshot) = Some(svc.status());
             }
-            std::thread::sleep(tick);
+            match &wake {
+                Some(w) => {
+                    if let Err(e) = w.wait_event(tick) {
+                        limited!(log::Level::Warn, "request watch: {e}");
+                        std::thread::sleep(tick);
+                    }
+                }
+                None => std::thread::sleep(tick),
+            }
         }
     });
     for conn in listener.incoming() {
@@ -238,7 +260,7 @@ mod tests {
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
-        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50)));
+        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None));
 
         let mut phases = Vec::new();
         let req = Request::PreMigrate {
@@ -252,7 +274,11 @@ mod tests {
         .unwrap();
         assert!(done.ok, "{done:?}");
         assert!(
-            phases.ends_with(&["prepare-migrate".into(), "detach".into()]),
+            phases.ends_with(&[
+                "prepare-migrate".into(),
+                "prepare-migrate answered".into(),
+                "detach".into()
+            ]),
             "{phases:?}"
         );
         assert!(xl.gpus_of(3).is_empty());

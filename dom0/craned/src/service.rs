@@ -3,29 +3,38 @@
 //! control request does with them (the choreography itself is
 //! crate::migrate). The server serialises requests and supervision ticks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crane_libxl::{PciAddr, Xl};
 use crane_xs::XenStore;
 use crane_xs::dom0::GuestChannel;
 use crane_xs::layout::{PROTOCOL, absolute};
-use craned_control::{Domain, Done, GpuStatus, GuestStatus, Request, Status};
+use craned_control::{AppMode, Domain, Done, GpuStatus, GuestStatus, Request, Status};
 
+use crate::admin::Job;
 use crate::config::Config;
 use crate::journal;
 use crate::migrate::{Attached, MigrateError, Migration, Recovered};
 use crate::proxy::{HealthCheck, ProxySupervisor};
 use crate::ratelimit::limited;
+use crate::transfer::{Transfers, XlTransfers};
 
 pub struct Service<S, X> {
-    cfg: Config,
-    store: S,
-    xl: X,
-    secret: Option<Vec<u8>>,
-    proxy: ProxySupervisor,
-    /// Each guest's last outcome, for `crane status`.
-    last: BTreeMap<String, String>,
+    pub(crate) cfg: Config,
+    pub(crate) store: S,
+    pub(crate) xl: X,
+    pub(crate) secret: Option<Vec<u8>>,
+    pub(crate) proxy: ProxySupervisor,
+    /// Each guest's latest outcomes, newest last, for `crane status`.
+    pub(crate) last: BTreeMap<String, VecDeque<String>>,
+    /// Runs `xl migrate` for the XenStore trigger.
+    pub(crate) transfers: Box<dyn Transfers>,
+    /// XenStore-triggered migrations whose transfer is under way.
+    pub(crate) jobs: BTreeMap<String, Job>,
 }
+
+/// How many outcomes per guest `crane status` shows.
+const RECENT: usize = 5;
 
 /// Whether process `pid` still exists.
 pub fn process_alive(pid: u32) -> bool {
@@ -47,6 +56,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         check: Box<HealthCheck>,
     ) -> Self {
         let proxy = ProxySupervisor::new(&cfg, check);
+        let transfers = Box::new(XlTransfers { xl: cfg.xl.clone() });
         Service {
             cfg,
             store,
@@ -54,15 +64,26 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             secret,
             proxy,
             last: BTreeMap::new(),
+            transfers,
+            jobs: BTreeMap::new(),
         }
+    }
+
+    /// Replaces how XenStore-triggered transfers run (unit tests).
+    pub fn set_transfers(&mut self, transfers: Box<dyn Transfers>) {
+        self.transfers = transfers;
     }
 
     pub fn config(&self) -> &Config {
         &self.cfg
     }
 
-    fn note(&mut self, guest: &str, what: String) {
-        self.last.insert(guest.to_string(), what);
+    pub(crate) fn note(&mut self, guest: &str, what: String) {
+        let recent = self.last.entry(guest.to_string()).or_default();
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(what);
     }
 
     /// Carries out one control request. `owner` is the requesting process
@@ -73,15 +94,17 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         owner: Option<u32>,
         progress: &mut dyn FnMut(&str, Option<String>),
     ) -> Done {
-        let (result, guest) = {
-            let mut m = Migration {
-                store: &self.store,
-                xl: &self.xl,
-                cfg: &self.cfg,
-                secret: self.secret.as_deref(),
+        let (result, guest, stop) = {
+            let check = self.proxy.checker();
+            let mut m = Migration::new(
+                &self.store,
+                &self.xl,
+                &self.cfg,
+                self.secret.as_deref(),
                 progress,
-            };
-            match req {
+            )
+            .with_proxy_check(check);
+            let result = match req {
                 Request::PreMigrate { guest, dest, mode } => (
                     m.pre_migrate(guest, dest, *mode, owner).map(|d| {
                         let mut done = Done::ok();
@@ -129,12 +152,16 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                         ..Done::ok()
                     };
                 }
-            }
+            };
+            let stop = m.answers.last().and_then(|a| a.longest_stop_ms());
+            (result.0, result.1, stop)
         };
+        let stop_note = stop.map_or(String::new(), |ms| format!(" (longest stop {ms:.0} ms)"));
         match result {
-            Ok((done, what)) => {
-                log::info!("{guest}: {} done: {what}", req.name());
-                self.note(&guest, format!("{}: {what}", req.name()));
+            Ok((mut done, what)) => {
+                log::info!("{guest}: {} done: {what}{stop_note}", req.name());
+                self.note(&guest, format!("{}: {what}{stop_note}", req.name()));
+                done.stop_us = stop.map(|ms| (ms * 1000.0).round() as u64);
                 done
             }
             Err(MigrateError::NotManaged(g)) => {
@@ -159,13 +186,13 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             .tick(&self.store, &self.xl, &self.cfg, self.secret.as_deref());
         self.set_up_guests();
         let mut quiet = |_: &str, _: Option<String>| {};
-        let mut m = Migration {
-            store: &self.store,
-            xl: &self.xl,
-            cfg: &self.cfg,
-            secret: self.secret.as_deref(),
-            progress: &mut quiet,
-        };
+        let mut m = Migration::new(
+            &self.store,
+            &self.xl,
+            &self.cfg,
+            self.secret.as_deref(),
+            &mut quiet,
+        );
         let recovered = match m.recover(owner_alive) {
             Ok(r) => r,
             Err(e) => {
@@ -187,6 +214,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             log::info!("{guest}: {what}");
             self.note(&guest, what);
         }
+        self.admin_tick();
     }
 
     /// Gives every running managed guest its crane keys (the agent waits for
@@ -207,6 +235,26 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 Err(e) => limited!(log::Level::Warn, "{g}: cannot set up its keys: {e}"),
             }
         }
+    }
+
+    /// The modes the guest's agent reported for its processes in its latest
+    /// answer (guest-written: a malformed set shows as none).
+    fn app_modes(&self, domid: u32) -> Vec<AppMode> {
+        let Ok(domid) = u16::try_from(domid) else {
+            return Vec::new();
+        };
+        let chan = GuestChannel::new(&self.store, domid);
+        let Ok(Some(resp)) = chan.response() else {
+            return Vec::new();
+        };
+        chan.app_results(resp.seq)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| AppMode {
+                pid: a.pid,
+                mode: a.outcome.as_str().to_string(),
+            })
+            .collect()
     }
 
     pub fn status(&self) -> Status {
@@ -252,7 +300,13 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                         .ok()
                         .flatten()
                         .map(|e| e.phase.as_str().to_string()),
-                    last: self.last.get(g).cloned(),
+                    last: self.last.get(g).and_then(|r| r.back().cloned()),
+                    recent: self
+                        .last
+                        .get(g)
+                        .map(|r| r.iter().cloned().collect())
+                        .unwrap_or_default(),
+                    apps: domid.map_or_else(Vec::new, |d| self.app_modes(d)),
                 }
             })
             .collect();

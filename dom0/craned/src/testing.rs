@@ -13,8 +13,13 @@ use std::time::Duration;
 use crane_libxl::{DomainInfo, DomainState, LibxlCode, LibxlError, PciAddr, Xl};
 use crane_xs::guest::{Incoming, publish_answer, publish_state, read_request};
 use crane_xs::mem::MemStore;
-use crane_xs::message::{AgentState, GuestState, Op, Outcome, Request, Response, Rollback};
+use crane_xs::message::{
+    AgentState, AppOutcome, AppResult, GuestState, MigrateMode, Op, Outcome, Request, Response,
+    Rollback,
+};
 use crane_xs::{XsData, XsWatch};
+
+use crate::transfer::{Running, Transfers};
 
 pub fn gpu(s: &str) -> PciAddr {
     s.parse().unwrap()
@@ -216,6 +221,9 @@ pub enum OnMigrate {
     Fail,
 }
 
+/// The pid of the one OpenCL process a [`FakeAgent`] reports.
+pub const FAKE_PID: u32 = 4242;
+
 /// A guest agent playing domain `domid` in a `MemStore`.
 pub struct FakeAgent {
     stop: Arc<AtomicBool>,
@@ -250,17 +258,39 @@ impl FakeAgent {
                 seen2.lock().unwrap().push(req.clone());
                 state.last_seq = req.seq;
                 let answer = |outcome, state: &AgentState, rollback| {
+                    // One process, stopped 12.5 ms by each switch.
+                    let app = match (&req.op, outcome) {
+                        (
+                            Op::PrepareMigrate(MigrateMode::Remote { .. }),
+                            Outcome::ReadyForDetach,
+                        ) => Some(AppOutcome::Remote),
+                        (Op::PrepareMigrate(_), Outcome::ReadyForDetach) => {
+                            Some(AppOutcome::Suspended)
+                        }
+                        (Op::PrepareResume, Outcome::Resumed) => Some(AppOutcome::Passthrough),
+                        _ => None,
+                    };
+                    let apps: Vec<AppResult> = app
+                        .map(|outcome| AppResult {
+                            seq: req.seq,
+                            pid: FAKE_PID,
+                            outcome,
+                            ms: 12.5,
+                            error: None,
+                        })
+                        .into_iter()
+                        .collect();
                     let r = Response {
                         seq: req.seq,
                         outcome,
                         ms: 1.0,
-                        apps: 0,
+                        apps: apps.len() as u32,
                         phases: Vec::new(),
                         rollback,
                         error: (outcome == Outcome::Failed)
                             .then(|| "1 of 1 processes refused".into()),
                     };
-                    publish_answer(&conn, state, &r, &[]).unwrap();
+                    publish_answer(&conn, state, &r, &apps).unwrap();
                 };
                 match (&req.op, on_migrate) {
                     (Op::PrepareMigrate(m), OnMigrate::Detach) => {
@@ -305,5 +335,79 @@ impl Drop for FakeAgent {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Transfers for the XenStore trigger's tests: each runs for one poll, then
+/// either fails or "moves" the domain (removes it from the [`FakeXl`]).
+/// (guest, dest, ssh command) of one started transfer.
+pub type Started = (String, String, Option<String>);
+
+#[derive(Clone, Default)]
+pub struct FakeTransfers {
+    xl: FakeXl,
+    fail: Arc<AtomicBool>,
+    started: Arc<Mutex<Vec<Started>>>,
+}
+
+impl FakeTransfers {
+    pub fn new(xl: &FakeXl) -> Self {
+        FakeTransfers {
+            xl: xl.clone(),
+            ..FakeTransfers::default()
+        }
+    }
+
+    pub fn fail(&self, on: bool) {
+        self.fail.store(on, Ordering::SeqCst);
+    }
+
+    /// (guest, dest, ssh command) of every transfer started.
+    pub fn started(&self) -> Vec<Started> {
+        self.started.lock().unwrap().clone()
+    }
+}
+
+struct FakeRunning {
+    xl: FakeXl,
+    guest: String,
+    fail: bool,
+    polls: u32,
+}
+
+impl Transfers for FakeTransfers {
+    fn start(
+        &self,
+        guest: &str,
+        dest: &str,
+        ssh_command: Option<&str>,
+    ) -> Result<Box<dyn Running>, String> {
+        self.started.lock().unwrap().push((
+            guest.to_string(),
+            dest.to_string(),
+            ssh_command.map(str::to_string),
+        ));
+        Ok(Box::new(FakeRunning {
+            xl: self.xl.clone(),
+            guest: guest.to_string(),
+            fail: self.fail.load(Ordering::SeqCst),
+            polls: 0,
+        }))
+    }
+}
+
+impl Running for FakeRunning {
+    fn poll(&mut self) -> Option<Result<(), String>> {
+        self.polls += 1;
+        if self.polls < 2 {
+            return None;
+        }
+        if self.fail {
+            return Some(Err("xl migrate ended with exit status: 1".into()));
+        }
+        if let Ok(Some(domid)) = self.xl.domid(&self.guest) {
+            self.xl.remove_domain(domid);
+        }
+        Some(Ok(()))
     }
 }

@@ -36,6 +36,11 @@ pub const PROXY_TOKENS: &str = "crane/proxy/tokens";
 /// dom0's own tree (absolute; no guest may read it): the dom0 service's
 /// migration journal, one child per guest being migrated.
 pub const DOM0_MIGRATIONS: &str = "/local/domain/0/crane/migrations";
+/// dom0's own tree: migration requests from an administrator or a management
+/// stack, one child per guest (`crate::admin`).
+pub const DOM0_REQUESTS: &str = "/local/domain/0/crane/requests";
+/// dom0's own tree: the dom0 service's answers to those requests.
+pub const DOM0_RESULTS: &str = "/local/domain/0/crane/results";
 
 /// Longest request value either side accepts.
 pub const MAX_REQUEST_LEN: usize = 1024;

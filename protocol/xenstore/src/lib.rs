@@ -6,12 +6,14 @@
 //! implementations: [`system::SystemStore`] (xenstored over its socket or the
 //! guest's xenbus device) and [`mem::MemStore`] (in-process, for standalone
 //! mode and unit tests). [`proxy`] carries the proxy session tokens dom0
-//! gives the proxy domain. docs/xenstore-layout.md describes the protocol.
+//! gives the proxy domain; [`admin`] the migration requests an administrator
+//! writes into dom0's tree. docs/xenstore-layout.md describes the protocol.
 //!
 //! Everything read from XenStore was written by the other side and is parsed
 //! strictly: a hostile value gives an error that says what is wrong, never a
 //! panic, and every length is bounded.
 
+pub mod admin;
 pub mod dom0;
 pub mod error;
 pub mod guest;

@@ -10,10 +10,15 @@ const USAGE: &str = "usage: crane status [--socket PATH] [--json]";
 
 fn print(st: &Status) {
     println!(
-        "{:<20} {:>6}  {:<14} {:<14} last",
+        "{:<20} {:>6}  {:<14} {:<14} apps (pid:mode)",
         "guest", "domid", "gpus", "migration"
     );
     for g in &st.guests {
+        let apps: Vec<String> = g
+            .apps
+            .iter()
+            .map(|a| format!("{}:{}", a.pid, a.mode))
+            .collect();
         println!(
             "{:<20} {:>6}  {:<14} {:<14} {}",
             g.name,
@@ -24,8 +29,19 @@ fn print(st: &Status) {
                 g.gpus.join(",")
             },
             g.migration.as_deref().unwrap_or("-"),
-            g.last.as_deref().unwrap_or("-"),
+            if apps.is_empty() {
+                "-".into()
+            } else {
+                apps.join(" ")
+            },
         );
+    }
+    for g in st.guests.iter().filter(|g| !g.recent.is_empty()) {
+        println!();
+        println!("{}: latest migration steps, oldest first", g.name);
+        for line in &g.recent {
+            println!("  {line}");
+        }
     }
     println!();
     println!("{:<14} {:<6} {:<11} holder", "gpu", "role", "assignable");
