@@ -63,6 +63,14 @@ const TOKEN_SECRET: &str = "e2e-secret-0123456789abcdef0123456789abcdef\n";
 /// guest; the proxy compiles it again when the program first goes remote), where a
 /// GPU driver takes a tenth of a second; the defaults (30 s, 60 s) are for GPUs.
 const MOVE_DEADLINE_MS: u64 = 300_000;
+/// Failed health checks (one per 1 s tick) before craned recreates the proxy domain:
+/// the scenario pauses the proxy domain for a few seconds to show a refused
+/// migration, and recreating it (a boot and PoCL's compiler under emulation) is not
+/// what that step is about.
+const PROXY_PATIENCE: u32 = 120;
+/// The paused domain that holds the destination's GPU so that a guest arrives to no
+/// free GPU (PV, never started: it only holds the device).
+const HOLDER: &str = "gpu-holder";
 /// Where a stop-and-copy keeps the guest: dom0's tmpfs (its root file system, which
 /// carries the domU images, has no room for the guest's memory).
 const SAVE_FILE: &str = "/run/xen-save/gpuguest.chk";
@@ -132,6 +140,30 @@ pub enum Move {
     Live { from: usize, to: usize },
     /// `xl save` then `xl restore` through the wrapper on one host (stop-and-copy).
     SaveRestore { host: usize },
+    /// A request written with `xenstore-write` under dom0's crane tree on `from`
+    /// (the XenStore trigger): craned runs `xl migrate` itself. To another host, the
+    /// destination has no free GPU when the guest arrives (a paused domain holds
+    /// it): the program stays on crane-proxy, craned there is killed and restarted,
+    /// and when the GPU frees the guest gets it and the program comes back.
+    Xenstore { from: usize, to: usize },
+}
+
+impl Move {
+    pub fn describe(&self) -> String {
+        match *self {
+            Move::Live { from, to } => format!("xl migrate host {from} -> host {to} (remote mode)"),
+            Move::SaveRestore { host } => {
+                format!("xl save + xl restore on host {host} (stop-and-copy)")
+            }
+            Move::Xenstore { from, to } if from == to => {
+                format!("XenStore request: migrate host {from} -> host {to} (remote mode)")
+            }
+            Move::Xenstore { from, to } => format!(
+                "XenStore request: migrate host {from} -> host {to} (remote mode); no GPU \
+                 free there until later, craned restarted meanwhile"
+            ),
+        }
+    }
 }
 
 /// One move of the guest through the wrapper, and what crane did meanwhile.
@@ -147,6 +179,11 @@ pub struct Migration {
     pub log: String,
     /// The modes the guest's monitor saw the program in while it moved.
     pub modes_seen: Vec<Mode>,
+    /// The longest the program was stopped by the pre-migration (its switch to
+    /// crane-proxy or into RAM) and by the post-migration (back onto the GPU), as
+    /// craned reported them.
+    pub pre_stop_ms: Option<f64>,
+    pub post_stop_ms: Option<f64>,
 }
 
 /// What the proxy domain showed.
@@ -170,6 +207,8 @@ pub struct Report {
     /// The program's pid in the guest (the same all along).
     pub pid: u32,
     pub migrations: Vec<Migration>,
+    /// The wrapper's output when it refused a migration with the proxy paused.
+    pub refused: Option<String>,
 }
 
 impl Report {
@@ -186,15 +225,32 @@ impl Report {
             "native run in the guest:  {}  (status {}, {:.1} s)",
             self.native.result, self.native.status, self.native.seconds
         );
-        for m in &self.migrations {
-            let how = match m.how {
-                Move::Live { from, to } => format!("xl migrate host {from} -> host {to}"),
-                Move::SaveRestore { host } => format!("xl save + xl restore on host {host}"),
-            };
+        if let Some(r) = &self.refused {
             let _ = writeln!(
                 out,
-                "{how}: {:.1} s (domain {} -> {}); pid {} seen {:?}",
-                m.seconds, m.domid_before, m.domid_after, self.pid, m.modes_seen
+                "proxy domain paused: xl migrate refused, nothing changed"
+            );
+            for line in r.lines().filter(|l| l.starts_with("crane:")) {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
+        for m in &self.migrations {
+            let _ = writeln!(
+                out,
+                "{}: {:.1} s (domain {} -> {}); pid {} seen {:?}",
+                m.how.describe(),
+                m.seconds,
+                m.domid_before,
+                m.domid_after,
+                self.pid,
+                m.modes_seen
+            );
+            let _ = writeln!(
+                out,
+                "    stoppage of the program: pre-migration {}, post-migration {}",
+                ms(m.pre_stop_ms),
+                ms(m.post_stop_ms)
             );
             for line in m.log.lines().filter(|l| l.starts_with("crane:")) {
                 let _ = writeln!(out, "    {line}");
@@ -248,7 +304,8 @@ pub fn craned_config(host: usize) -> String {
         "guests = [\"{GUEST}\"]\ntick_ms = 1000\nagent_timeout_ms = 120000\n\
          migrate_deadline_ms = {MOVE_DEADLINE_MS}\nresume_deadline_ms = {MOVE_DEADLINE_MS}\n\
          [gpus]\npool = [\"{GUEST_STANDIN_BDF}\"]\n\
-         [proxy]\naddress = \"tcp://{PROXY_IP}:{PROXY_PORT}\"\n{proxy}\
+         [proxy]\naddress = \"tcp://{PROXY_IP}:{PROXY_PORT}\"\n\
+         failures_before_restart = {PROXY_PATIENCE}\n{proxy}\
          [tokens]\nsecret_file = \"/etc/crane/token-secret\"\n"
     )
 }
@@ -279,20 +336,7 @@ pub fn write_dom0_configs(s: &Session) -> anyhow::Result<()> {
 pub fn start_craned(s: &Session) -> anyhow::Result<()> {
     write_dom0_configs(s)?;
     for host in 0..s.hosts.len() {
-        s.dom0(
-            host,
-            "RUST_LOG=info setsid /usr/sbin/craned > /var/log/craned.log 2>&1 < /dev/null &",
-        )?;
-    }
-    for host in 0..s.hosts.len() {
-        wait_dom0(
-            s,
-            host,
-            "/usr/sbin/crane status --json",
-            Duration::from_secs(60),
-            |o| o.contains("\"guests\""),
-        )
-        .with_context(|| format!("craned on host {host} does not answer"))?;
+        spawn_craned(s, host)?;
     }
     Ok(())
 }
@@ -650,10 +694,288 @@ fn wrapper(s: &Session, host: usize, args: &str) -> anyhow::Result<String> {
     Ok(log)
 }
 
-/// Moves the guest through the wrapper (see [`Move`]) while the program holds, and
-/// checks what crane did: the wrappers report each step, the guest kept running (live)
-/// or came back (restore) in a new domain, it has its GPU again with the driver bound,
-/// the agent is back in `passthrough`, and so is the program.
+/// `; pre-migration stoppage 81.2 ms` in the wrappers' lines → 81.2.
+fn stoppage_in(log: &str, what: &str) -> Option<f64> {
+    let key = format!("{what} stoppage ");
+    log.lines().rev().find_map(|l| {
+        let rest = &l[l.find(&key)? + key.len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// The value of `key=` in a crane XenStore value (numbers and plain words only).
+fn field<'a>(value: &'a str, key: &str) -> Option<&'a str> {
+    value
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// Starts the receiving end of a cross-host `xl migrate` on `to`: the wrapper's
+/// `migrate-receive` behind `nc`, logging to /var/log/xen/migrate-receive.log; the
+/// `xl migrate` destination argument (with `-s ''`) that reaches it.
+fn listen_for_migration(s: &Session, to: usize) -> anyhow::Result<String> {
+    s.dom0(
+        to,
+        &format!(
+            "setsid nc -l -p {MIGRATION_PORT} -e {WRAPPER} migrate-receive \
+             > /var/log/xen/migrate-receive.log 2>&1 < /dev/null &"
+        ),
+    )?;
+    Ok(format!(
+        "socat -b 262144 - TCP:{}:{MIGRATION_PORT}",
+        dom0_address(to)
+    ))
+}
+
+/// Starts craned on `host` (its configuration already written).
+fn spawn_craned(s: &Session, host: usize) -> anyhow::Result<()> {
+    s.dom0(
+        host,
+        "RUST_LOG=info setsid /usr/sbin/craned >> /var/log/craned.log 2>&1 < /dev/null &",
+    )?;
+    wait_dom0(
+        s,
+        host,
+        "/usr/sbin/crane status --json",
+        Duration::from_secs(60),
+        |o| o.contains("\"guests\""),
+    )
+    .with_context(|| format!("craned on host {host} does not answer"))?;
+    Ok(())
+}
+
+/// The journal phase craned on `host` keeps for the guest (none: no entry).
+fn journal_phase(s: &Session, host: usize) -> anyhow::Result<Option<String>> {
+    let v = s.dom0(
+        host,
+        &format!("xenstore-read /local/domain/0/crane/migrations/{GUEST} 2>/dev/null; true"),
+    )?;
+    Ok(field(&v, "phase").map(str::to_owned))
+}
+
+/// The XenStore trigger (see [`Move::Xenstore`]): writes the request on `from` with
+/// `xenstore-write`, follows craned's result until it is final, and on another host
+/// walks the guest through a destination without a free GPU and a craned restart.
+/// Returns the lines to show and the pre-migration stoppage craned reported.
+fn xenstore_move(
+    s: &Session,
+    from: usize,
+    to: usize,
+    pid: u32,
+) -> anyhow::Result<(String, Option<f64>)> {
+    use crane_xs::admin::{AdminOp, AdminRequest, AdminResult, AdminState, MoveMode};
+    let mut log = String::new();
+    let starve = from != to;
+    if starve {
+        // Another domain holds the destination's only GPU.
+        s.dom0(
+            to,
+            &format!(
+                "cat > /etc/xen/crane/{HOLDER}.cfg <<'CFG'\nname = \"{HOLDER}\"\ntype = \"pv\"\n\
+                 memory = 96\nvcpus = 1\nkernel = \"{}\"\npci = [ \"{GUEST_STANDIN_BDF}\" ]\nCFG\n\
+                 xl pci-assignable-list | grep -q {GUEST_STANDIN_BDF} || \
+                 xl pci-assignable-add {GUEST_STANDIN_BDF}\n\
+                 xl create -p /etc/xen/crane/{HOLDER}.cfg",
+                crate::GUEST_KERNEL
+            ),
+        )?;
+        let _ = writeln!(
+            log,
+            "crane: host {to}'s GPU is held by the paused domain {HOLDER}"
+        );
+    }
+    let dest = if from == to {
+        format!("{WRAPPER} migrate-receive")
+    } else {
+        listen_for_migration(s, to)?
+    };
+    let result_key = crane_xs::admin::result_key(GUEST);
+    let last_id = s
+        .dom0(
+            from,
+            &format!("xenstore-read {result_key} 2>/dev/null; true"),
+        )?
+        .trim()
+        .to_owned();
+    let id = field(&last_id, "id")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    let request = AdminRequest {
+        id,
+        op: AdminOp::Migrate {
+            dest,
+            mode: MoveMode::Remote,
+            ssh_command: Some(String::new()),
+        },
+    }
+    .format();
+    s.dom0(
+        from,
+        &format!(
+            "xenstore-write {} {}",
+            crane_xs::admin::request_key(GUEST),
+            shell_quote(&request)
+        ),
+    )?;
+    let _ = writeln!(log, "crane: host {from}: xenstore-write ... {request}");
+    // Follow the result: every phase seen, until it is final.
+    let started = Instant::now();
+    let mut phases: Vec<String> = Vec::new();
+    let result = loop {
+        let v = s.dom0(
+            from,
+            &format!("xenstore-read {result_key} 2>/dev/null; true"),
+        )?;
+        if let Ok(r) = AdminResult::parse(v.trim())
+            && r.id == id
+        {
+            if let Some(p) = &r.phase
+                && phases.last() != Some(p)
+            {
+                let _ = writeln!(
+                    log,
+                    "crane: [{:>6.1}s] result: {} {p}",
+                    started.elapsed().as_secs_f64(),
+                    r.state.as_str()
+                );
+                phases.push(p.clone());
+            }
+            if r.state.is_final() {
+                break r;
+            }
+        }
+        ensure!(
+            started.elapsed() < Duration::from_millis(3 * MOVE_DEADLINE_MS),
+            "craned on host {from} did not finish XenStore request {id}; phases {phases:?}"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let _ = writeln!(log, "crane: result: {}", result.format());
+    ensure!(
+        result.state == AdminState::Done,
+        "XenStore request {id} ended {}: {}",
+        result.state.as_str(),
+        result.error.as_deref().unwrap_or("")
+    );
+    for want in ["prepare-migrate", "transfer"] {
+        ensure!(
+            phases.iter().any(|p| p == want),
+            "the result never showed phase {want}: {phases:?}"
+        );
+    }
+    if !starve {
+        return Ok((log, result.pre_stop_ms));
+    }
+    ensure!(
+        guest_domid(s, from)?.is_none(),
+        "the guest still runs on host {from}"
+    );
+    let received = wait_dom0(
+        s,
+        to,
+        "cat /var/log/xen/migrate-receive.log",
+        Duration::from_secs(300),
+        |o| o.contains("no GPU free") || o.contains("runs on GPU") || o.contains("failed"),
+    )?;
+    ensure!(
+        received.contains("no GPU free, it waits on the proxy"),
+        "host {to} did not make the guest wait for a GPU:\n{received}"
+    );
+    log.push_str(&received);
+    ensure!(
+        journal_phase(s, to)?.as_deref() == Some("waiting-gpu"),
+        "host {to}'s journal does not show the guest waiting for a GPU"
+    );
+    let status = app_status(s, to, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+    ensure!(
+        status.mode == Mode::Remote,
+        "pid {pid} is {:?} while its guest has no GPU",
+        status.mode
+    );
+    // craned dies mid-migration and comes back: the journal keeps the guest waiting.
+    s.dom0(to, "kill -9 $(pidof craned); sleep 1")?;
+    spawn_craned(s, to)?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(
+        journal_phase(s, to)?.as_deref() == Some("waiting-gpu"),
+        "the restarted craned on host {to} lost the waiting guest"
+    );
+    let _ = writeln!(
+        log,
+        "crane: host {to}: craned killed (SIGKILL) and restarted; the guest still waits \
+         on the proxy (journal phase waiting-gpu), pid {pid} remote"
+    );
+    // The GPU frees: the restarted craned gives it to the guest.
+    s.dom0(to, &format!("xl destroy {HOLDER} 2>/dev/null; true"))?;
+    let note = wait_dom0(
+        s,
+        to,
+        "/usr/sbin/crane status",
+        Duration::from_secs(300),
+        |o| o.contains("received after waiting") || o.contains("recovery failed"),
+    )?;
+    let line = note
+        .lines()
+        .find(|l| l.contains("received after waiting") || l.contains("recovery failed"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(line.contains("received after waiting"), "host {to}: {line}");
+    let _ = writeln!(log, "crane: host {to}: {HOLDER} destroyed; craned: {line}");
+    let _ = writeln!(
+        log,
+        "crane: {GUEST} arrived and runs on GPU {GUEST_STANDIN_BDF}"
+    );
+    Ok((log, result.pre_stop_ms))
+}
+
+/// With the proxy domain paused, `xl migrate` through the wrapper must be refused
+/// before anything changes: the guest keeps its domain and GPU, the program stays in
+/// passthrough. Returns the wrapper's output.
+pub fn proxy_down_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
+    let domid = guest_domid(s, 0)?.context("the guest is not running")?;
+    s.dom0(0, &format!("xl pause {PROXY}"))?;
+    let out = s.try_dom0_timeout(
+        0,
+        &format!("{WRAPPER} migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"),
+        Duration::from_secs(120),
+    );
+    let unpaused = s.dom0(0, &format!("xl unpause {PROXY}"));
+    let out = out?;
+    unpaused?;
+    let log = out.stderr_text();
+    ensure!(
+        !out.success(),
+        "xl migrate went ahead with the proxy domain paused:\n{log}"
+    );
+    ensure!(
+        log.contains("crane-proxy does not answer"),
+        "the wrapper did not say that the proxy is down:\n{log}"
+    );
+    ensure!(
+        guest_domid(s, 0)? == Some(domid),
+        "the guest moved although the migration was refused"
+    );
+    ensure!(
+        s.dom0(0, &format!("xl pci-list {GUEST}"))?
+            .contains(GUEST_STANDIN_BDF),
+        "the guest lost its GPU although the migration was refused"
+    );
+    wait_agent(s, 0, "passthrough")?;
+    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+    ensure!(
+        status.mode == Mode::Passthrough,
+        "pid {pid} is {:?} after a refused migration",
+        status.mode
+    );
+    Ok(log)
+}
+
+/// Moves the guest (see [`Move`]) while the program holds, and checks what crane
+/// did: each step was reported, the guest kept running (live) or came back (restore)
+/// in a new domain, it has its GPU again with the driver bound, the agent is back in
+/// `passthrough`, and so is the program.
 pub fn move_guest(
     s: &Session,
     how: Move,
@@ -661,12 +983,13 @@ pub fn move_guest(
     samples: &mut usize,
 ) -> anyhow::Result<Migration> {
     let (from, to) = match how {
-        Move::Live { from, to } => (from, to),
+        Move::Live { from, to } | Move::Xenstore { from, to } => (from, to),
         Move::SaveRestore { host } => (host, host),
     };
     let uptime_before = guest_uptime(s, from)?;
     let domid_before = guest_domid(s, from)?.context("the guest is not running")?;
     let started = Instant::now();
+    let mut pre_xs = None;
     let mut log = match how {
         Move::Live { from, to } if from == to => wrapper(
             s,
@@ -674,21 +997,8 @@ pub fn move_guest(
             &format!("migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"),
         )?,
         Move::Live { from, to } => {
-            s.dom0(
-                to,
-                &format!(
-                    "setsid nc -l -p {MIGRATION_PORT} -e {WRAPPER} migrate-receive \
-                     > /var/log/xen/migrate-receive.log 2>&1 < /dev/null &"
-                ),
-            )?;
-            let log = wrapper(
-                s,
-                from,
-                &format!(
-                    "migrate -s '' {GUEST} 'socat -b 262144 - TCP:{}:{MIGRATION_PORT}'",
-                    dom0_address(to)
-                ),
-            )?;
+            let dest = listen_for_migration(s, to)?;
+            let log = wrapper(s, from, &format!("migrate -s '' {GUEST} '{dest}'"))?;
             ensure!(
                 guest_domid(s, from)?.is_none(),
                 "the guest still runs on host {from} after migrating to host {to}"
@@ -702,6 +1012,11 @@ pub fn move_guest(
                 |o| o.contains("arrived and runs on GPU") || o.contains("failed"),
             )?;
             log + &received
+        }
+        Move::Xenstore { from, to } => {
+            let (log, pre) = xenstore_move(s, from, to, pid)?;
+            pre_xs = pre;
+            log
         }
         Move::SaveRestore { host } => {
             let saved = wrapper(s, host, &format!("save {GUEST} {SAVE_FILE}"))?;
@@ -721,11 +1036,13 @@ pub fn move_guest(
         domid_after != domid_before || from != to,
         "a migration to the same host creates a new domain"
     );
-    for want in ["prepare-migrate", "detached", "arrived and runs on GPU"] {
-        ensure!(
-            log.contains(want),
-            "the wrappers did not report {want:?}:\n{log}"
-        );
+    if !matches!(how, Move::Xenstore { .. }) {
+        for want in ["prepare-migrate", "detached", "arrived and runs on GPU"] {
+            ensure!(
+                log.contains(want),
+                "the wrappers did not report {want:?}:\n{log}"
+            );
+        }
     }
     let uptime_after = guest_uptime(s, to)?;
     ensure!(
@@ -748,6 +1065,20 @@ pub fn move_guest(
     );
     let (modes_seen, total) = modes_since(s, to, pid, *samples)?;
     *samples = total;
+    // craned's own account: the stoppage of the way back, and of the way out where
+    // the wrapper reported it.
+    let status_text = s.dom0(to, "/usr/sbin/crane status")?;
+    let post_stop_ms = stoppage_in(&log, "post-migration").or_else(|| {
+        status_text
+            .lines()
+            .rev()
+            .find(|l| l.contains("received after waiting") || l.contains("receive: "))
+            .and_then(|l| {
+                let rest = &l[l.find("longest stop ")? + "longest stop ".len()..];
+                rest.split_whitespace().next()?.parse().ok()
+            })
+    });
+    let pre_stop_ms = stoppage_in(&log, "pre-migration").or(pre_xs);
     let _ = writeln!(log, "(agent state passthrough, pid {pid} passthrough)");
     Ok(Migration {
         how,
@@ -758,6 +1089,8 @@ pub fn move_guest(
         seconds,
         log,
         modes_seen,
+        pre_stop_ms,
+        post_stop_ms,
     })
 }
 
@@ -869,26 +1202,26 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     wait_holding(s, 0, pid)?;
     s.phase("the same program under crane, holding halfway");
 
-    let mut moves = vec![Move::Live { from: 0, to: 0 }];
-    if s.hosts.len() == 2 {
-        moves.push(Move::Live { from: 0, to: 1 });
-    }
+    let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
+    eprint!("{refused}");
+    s.phase("proxy domain paused: xl migrate refused before anything changed");
+
+    // Through the wrapper to the same host; through the XenStore trigger to the other
+    // host (or, with one host, to the same one again); stop-and-copy on the last.
     let last = if s.hosts.len() == 2 { 1 } else { 0 };
-    moves.push(Move::SaveRestore { host: last });
+    let moves = [
+        Move::Live { from: 0, to: 0 },
+        Move::Xenstore { from: 0, to: last },
+        Move::SaveRestore { host: last },
+    ];
     let mut samples = 0;
     let mut migrations = Vec::new();
     for how in moves {
         let m = move_guest(s, how, pid, &mut samples)
             .with_context(|| format!("moving the guest: {how:?}"))?;
-        let name = match how {
-            Move::Live { from, to } => format!("xl migrate host {from} -> host {to} (remote mode)"),
-            Move::SaveRestore { host } => {
-                format!("xl save + xl restore on host {host} (stop-and-copy)")
-            }
-        };
         eprint!("{}", m.log);
         eprintln!("modes seen: {:?}", m.modes_seen);
-        s.phase(&name);
+        s.phase(&how.describe());
         migrations.push(m);
     }
 
@@ -915,6 +1248,7 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         crane,
         pid,
         migrations,
+        refused: Some(refused),
     })
 }
 

@@ -129,30 +129,55 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
         moves,
         [
             Move::Live { from: 0, to: 0 },
-            Move::Live { from: 0, to: 1 },
+            Move::Xenstore { from: 0, to: 1 },
             Move::SaveRestore { host: 1 }
         ]
     );
+    // The proxy domain paused: xl migrate was refused, and said why.
+    let refused = report.refused.as_deref().unwrap_or_default();
+    assert!(refused.contains("crane-proxy does not answer"), "{refused}");
     for m in &report.migrations {
         assert!(m.uptime_after > m.uptime_before, "{m:?}");
-        if let Move::Live { .. } = m.how {
-            assert!(
+        match m.how {
+            Move::Live { .. } | Move::Xenstore { .. } => assert!(
                 m.modes_seen.contains(&Mode::Remote),
                 "the program was never seen remote during {:?}: {:?}",
                 m.how,
                 m.modes_seen
-            );
-            assert!(m.log.contains("for xl migrate (remote)"), "{}", m.log);
-        } else {
-            assert!(m.log.contains("for xl save (stop-and-copy)"), "{}", m.log);
+            ),
+            Move::SaveRestore { .. } => {}
         }
+        match m.how {
+            Move::Live { .. } => assert!(m.log.contains("for xl migrate (remote)"), "{}", m.log),
+            Move::Xenstore { .. } => {
+                // Waited on the proxy for a GPU, across a craned restart.
+                for want in [
+                    "state=done",
+                    "no GPU free",
+                    "restarted",
+                    "received after waiting",
+                ] {
+                    assert!(m.log.contains(want), "no {want:?} in:\n{}", m.log);
+                }
+            }
+            Move::SaveRestore { .. } => {
+                assert!(m.log.contains("for xl save (stop-and-copy)"), "{}", m.log)
+            }
+        }
+        // craned reported how long the program was stopped each way.
+        assert!(
+            m.pre_stop_ms.is_some() && m.post_stop_ms.is_some(),
+            "no stoppage figures for {:?}:\n{}",
+            m.how,
+            m.log
+        );
         assert_eq!(m.modes_seen.last(), Some(&Mode::Passthrough), "{m:?}");
     }
     assert_ne!(
         report.migrations[0].domid_after,
         report.migrations[0].domid_before
     );
-    // crane-proxy served the guest's sessions (one per live move) and closed them.
+    // crane-proxy served the guest's sessions (one per remote move) and closed them.
     let opened = report
         .proxy
         .log

@@ -157,6 +157,7 @@ pub struct Migration<'a, S, X> {
 /// One final answer of the agent and its per-process results.
 #[derive(Debug, Clone)]
 pub struct Answered {
+    pub guest: String,
     pub op: &'static str,
     /// The agent's own time for the whole operation.
     pub ms: f64,
@@ -364,6 +365,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
                     Vec::new()
                 });
                 let answered = Answered {
+                    guest: guest.to_string(),
                     op: name,
                     ms: r.ms,
                     apps,

@@ -200,12 +200,23 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 return;
             }
         };
+        let answers = m.answers;
         for (guest, r) in recovered {
             let what = match r {
                 Recovered::Left | Recovered::Received(Ok(Attached::Waiting)) => continue,
                 Recovered::Departed => "left this host".to_string(),
                 Recovered::RolledBack(Ok(_)) => "rolled back after an interruption".to_string(),
-                Recovered::Received(Ok(_)) => "received after waiting".to_string(),
+                Recovered::Received(Ok(_)) => {
+                    let stop = answers
+                        .iter()
+                        .rev()
+                        .find(|a| a.guest == guest && a.op == "prepare-resume")
+                        .and_then(|a| a.longest_stop_ms());
+                    match stop {
+                        Some(ms) => format!("received after waiting (longest stop {ms:.0} ms)"),
+                        None => "received after waiting".to_string(),
+                    }
+                }
                 Recovered::RolledBack(Err(e)) | Recovered::Received(Err(e)) => {
                     limited!(log::Level::Warn, "{guest}: recovery: {e}");
                     format!("recovery failed: {e}")
