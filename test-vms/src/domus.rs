@@ -204,13 +204,16 @@ pub fn plain_spec() -> ImageSpec {
         .service("/usr/sbin/crane-runner /dev/hvc0")
 }
 
-/// The GPU guest: PoCL, crane as the drop-in `libOpenCL.so.1`, cranectl, test programs.
+/// The GPU guest: PoCL, crane as the drop-in `libOpenCL.so.1`, cranectl, test programs,
+/// XenStore's client tools.
 pub fn guest_spec(
     artifacts: &CraneArtifacts,
     opencl: &crane_images::ReadOnlyDisk,
 ) -> anyhow::Result<ImageSpec> {
     let mut spec = plain_spec()
         .read_only_disk(opencl)
+        // For the tier's check that the guest cannot post itself a request.
+        .xenstore_client()
         .file(
             &artifacts.interposer,
             format!("{GUEST_CRANE_DIR}/libcrane_opencl.so"),

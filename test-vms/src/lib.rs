@@ -55,11 +55,26 @@ pub fn ensure_qemu(paths: &Paths) -> anyhow::Result<()> {
 /// domain, and inside dom0 the domU kernel, the two domU images and the OpenCL disk
 /// (see [`domus`]), after building the crane programs they carry.
 pub fn build_images(paths: &Paths) -> anyhow::Result<TestbedImages> {
+    build_images_with(paths, &[])
+}
+
+/// [`build_images`], with more files in the GPU guest's image: (file of this machine,
+/// its path in the guest); an ELF program brings the libraries it needs.
+pub fn build_images_with(
+    paths: &Paths,
+    guest_files: &[(PathBuf, String)],
+) -> anyhow::Result<TestbedImages> {
     let artifacts = domus::CraneArtifacts::build()?;
     let builder = crane_images::Builder::new(paths.clone()).context("loading the image lock")?;
     let opencl = domus::opencl_disk(&builder).context("building the OpenCL runtime disk")?;
     let crane_guest = builder
-        .domu("crane-guest", &domus::guest_spec(&artifacts, &opencl)?)
+        .domu(
+            "crane-guest",
+            &guest_files.iter().fold(
+                domus::guest_spec(&artifacts, &opencl)?,
+                |spec, (src, dest)| spec.file(src, dest, 0o755),
+            ),
+        )
         .context("building the GPU guest's image")?;
     let proxy = builder
         .domu("crane-proxy", &domus::proxy_spec(&artifacts, &opencl))
@@ -91,7 +106,7 @@ pub fn build_images(paths: &Paths) -> anyhow::Result<TestbedImages> {
 /// `cargo xtask demo` on emulated Xen hosts (1 or 2, owned by this process): the
 /// scenario of [`scenario`], each phase printed as it ends.
 pub fn demo(hosts: usize, app: &scenario::App) -> anyhow::Result<scenario::Report> {
-    let mut session = session::Session::boot("demo-host", hosts)?;
+    let mut session = session::Session::boot_with("demo-host", hosts, &app.guest_files())?;
     scenario::run(&mut session, app)
 }
 
@@ -119,11 +134,15 @@ pub fn host_configs(count: usize, dir_of: impl Fn(usize) -> PathBuf) -> Vec<Host
 /// Builds the images and boots `count` (1 or 2) hosts with their state in
 /// `target/testbed/PREFIX0`, `PREFIX1`, owned by the caller (killed on drop, or when
 /// the calling process dies).
-pub fn boot_owned_hosts(prefix: &str, count: usize) -> anyhow::Result<Vec<EmulatedHost>> {
+pub fn boot_owned_hosts(
+    prefix: &str,
+    count: usize,
+    guest_files: &[(PathBuf, String)],
+) -> anyhow::Result<Vec<EmulatedHost>> {
     anyhow::ensure!((1..=2).contains(&count), "the testbed runs 1 or 2 hosts");
     let paths = Paths::in_workspace(&workspace_root());
     tier::ensure_host_tools(&paths)?;
-    let images = build_images(&paths)?;
+    let images = build_images_with(&paths, guest_files)?;
     let mut configs = host_configs(count, |i| test_state_dir(&format!("{prefix}{i}")));
     for config in &mut configs {
         config.port_base += 50;

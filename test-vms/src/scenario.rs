@@ -75,12 +75,17 @@ const HOLDER: &str = "gpu-holder";
 /// carries the domU images, has no room for the guest's memory).
 const SAVE_FILE: &str = "/run/xen-save/gpuguest.chk";
 
-/// The OpenCL program the scenario runs: one of the test programs in the guest. It
-/// must honour `TESTAPP_HOLD` (testapps/c/pingpong.c does).
+/// The OpenCL program the scenario runs: one of the test programs in the guest, which
+/// honours `TESTAPP_HOLD` (testapps/c/pingpong.c does), or any program of the build
+/// machine (`host_path`, copied into the guest image with the libraries it needs),
+/// which is migrated while it runs, however far it has got.
 #[derive(Debug, Clone)]
 pub struct App {
     pub program: String,
     pub args: Vec<String>,
+    /// A program built on this machine (`cargo xtask demo --app PATH`); `None`: the
+    /// guest's test program `program`.
+    pub host_path: Option<std::path::PathBuf>,
 }
 
 impl Default for App {
@@ -90,18 +95,79 @@ impl Default for App {
         Self {
             program: "pingpong".into(),
             args: vec!["--iters".into(), "4000".into()],
+            host_path: None,
         }
     }
 }
 
+/// Where a program of the build machine lands in the guest.
+pub const GUEST_APP_DIR: &str = "/opt/crane-app";
+
 impl App {
+    /// `cargo xtask demo --app PATH -- ARGS`.
+    pub fn from_host(path: &std::path::Path, args: Vec<String>) -> anyhow::Result<Self> {
+        ensure!(path.is_file(), "{} is not a file", path.display());
+        let program = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| crane_xs::layout::valid_element(n))
+            .with_context(|| {
+                format!(
+                    "{}: name the program [A-Za-z0-9_-] for the guest",
+                    path.display()
+                )
+            })?
+            .to_owned();
+        Ok(Self {
+            program,
+            args,
+            host_path: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Whether the program holds halfway until released (the guest's test programs).
+    pub fn holds(&self) -> bool {
+        self.host_path.is_none()
+    }
+
+    /// The program's path in the guest.
+    pub fn guest_path(&self) -> String {
+        match self.host_path {
+            Some(_) => format!("{GUEST_APP_DIR}/{}", self.program),
+            None => format!("{GUEST_TESTAPPS_DIR}/{}", self.program),
+        }
+    }
+
+    /// (file on this machine, its path in the guest) to add to the guest's image.
+    pub fn guest_files(&self) -> Vec<(std::path::PathBuf, String)> {
+        self.host_path
+            .iter()
+            .map(|p| (p.clone(), self.guest_path()))
+            .collect()
+    }
+
     fn command_line(&self) -> String {
-        let mut line = shell_quote(&format!("{GUEST_TESTAPPS_DIR}/{}", self.program));
+        let mut line = shell_quote(&self.guest_path());
         for arg in &self.args {
             line.push(' ');
             line.push_str(&shell_quote(arg));
         }
         line
+    }
+
+    /// What two runs must agree on: the `RESULT` line of a test program, the whole
+    /// standard output of any other program.
+    fn outcome(&self, stdout: &str) -> String {
+        if self.holds() {
+            stdout
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("RESULT "))
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            stdout.trim_end().to_owned()
+        }
     }
 }
 
@@ -116,13 +182,8 @@ pub struct AppRun {
 }
 
 impl AppRun {
-    fn new(stdout: String, stderr: String, status: i32, seconds: f64) -> Self {
-        let result = stdout
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("RESULT "))
-            .unwrap_or_default()
-            .to_owned();
+    fn new(app: &App, stdout: String, stderr: String, status: i32, seconds: f64) -> Self {
+        let result = app.outcome(&stdout);
         Self {
             result,
             status,
@@ -549,6 +610,7 @@ pub fn run_native(s: &Session, host: usize, app: &App) -> anyhow::Result<AppRun>
         Duration::from_secs(600),
     )?;
     Ok(AppRun::new(
+        app,
         out.stdout_text(),
         out.stderr_text(),
         out.status,
@@ -643,6 +705,40 @@ pub fn wait_holding(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppSta
         "pid {pid} before any move: {status:?}"
     );
     Ok(status)
+}
+
+/// For a program that does not hold: waits until crane serves it (its control
+/// socket answers) and checks that crane is its `libOpenCL.so.1`.
+pub fn wait_running(s: &Session, host: usize, pid: u32) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        if app_status(s, host, pid)?.is_some() {
+            break;
+        }
+        let ended = s.domu(
+            host,
+            GUEST,
+            &format!("cat {APP_DIR}/status 2>/dev/null; true"),
+        )?;
+        if !ended.trim().is_empty() {
+            let err = s.domu(host, GUEST, &format!("tail -5 {APP_DIR}/err"))?;
+            bail!(
+                "the program ended (status {}) before it could be moved: give it more work\n{err}",
+                ended.trim()
+            );
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "pid {pid} never opened crane's control socket"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let maps = s.domu(host, GUEST, &format!("cat /proc/{pid}/maps"))?;
+    ensure!(
+        maps.contains("/usr/lib/crane/libcrane_opencl.so"),
+        "pid {pid} does not have crane's interposer mapped"
+    );
+    Ok(())
 }
 
 /// The modes the monitor recorded for `pid` from line `from` on, in order, each run
@@ -759,6 +855,7 @@ fn journal_phase(s: &Session, host: usize) -> anyhow::Result<Option<String>> {
 /// Returns the lines to show and the pre-migration stoppage craned reported.
 fn xenstore_move(
     s: &Session,
+    app: &App,
     from: usize,
     to: usize,
     pid: u32,
@@ -887,12 +984,14 @@ fn xenstore_move(
         journal_phase(s, to)?.as_deref() == Some("waiting-gpu"),
         "host {to}'s journal does not show the guest waiting for a GPU"
     );
-    let status = app_status(s, to, pid)?.with_context(|| format!("pid {pid} is gone"))?;
-    ensure!(
-        status.mode == Mode::Remote,
-        "pid {pid} is {:?} while its guest has no GPU",
-        status.mode
-    );
+    match app_status(s, to, pid)? {
+        Some(status) => ensure!(
+            status.mode == Mode::Remote,
+            "pid {pid} is {:?} while its guest has no GPU",
+            status.mode
+        ),
+        None => ensure!(!app.holds(), "pid {pid} is gone"),
+    }
     // craned dies mid-migration and comes back: the journal keeps the guest waiting.
     s.dom0(to, "kill -9 $(pidof craned); sleep 1")?;
     spawn_craned(s, to)?;
@@ -978,6 +1077,7 @@ pub fn proxy_down_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
 /// `passthrough`, and so is the program.
 pub fn move_guest(
     s: &Session,
+    app: &App,
     how: Move,
     pid: u32,
     samples: &mut usize,
@@ -1014,7 +1114,7 @@ pub fn move_guest(
             log + &received
         }
         Move::Xenstore { from, to } => {
-            let (log, pre) = xenstore_move(s, from, to, pid)?;
+            let (log, pre) = xenstore_move(s, app, from, to, pid)?;
             pre_xs = pre;
             log
         }
@@ -1056,13 +1156,16 @@ pub fn move_guest(
     );
     wait_gpu_bound(s, to)?;
     wait_agent(s, to, "passthrough")?;
-    let status =
-        app_status(s, to, pid)?.with_context(|| format!("pid {pid} is gone after the move"))?;
-    ensure!(
-        status.mode == Mode::Passthrough,
-        "pid {pid} is {:?} after the move",
-        status.mode
-    );
+    // A program that does not hold may have ended meanwhile (its result is compared
+    // at the end); one that holds must be back in passthrough.
+    match app_status(s, to, pid)? {
+        Some(status) => ensure!(
+            status.mode == Mode::Passthrough,
+            "pid {pid} is {:?} after the move",
+            status.mode
+        ),
+        None => ensure!(!app.holds(), "pid {pid} is gone after the move"),
+    }
     let (modes_seen, total) = modes_since(s, to, pid, *samples)?;
     *samples = total;
     // craned's own account: the stoppage of the way back, and of the way out where
@@ -1095,7 +1198,12 @@ pub fn move_guest(
 }
 
 /// Waits until the program under crane has ended and returns its run.
-pub fn wait_finished(s: &Session, host: usize, started: Instant) -> anyhow::Result<AppRun> {
+pub fn wait_finished(
+    s: &Session,
+    host: usize,
+    app: &App,
+    started: Instant,
+) -> anyhow::Result<AppRun> {
     let status = s.wait_domu(
         host,
         GUEST,
@@ -1107,6 +1215,7 @@ pub fn wait_finished(s: &Session, host: usize, started: Instant) -> anyhow::Resu
     let stdout = s.domu(host, GUEST, &format!("cat {APP_DIR}/out"))?;
     let stderr = s.domu(host, GUEST, &format!("cat {APP_DIR}/err"))?;
     Ok(AppRun::new(
+        app,
         stdout,
         stderr,
         status.trim().parse().context("parsing the exit status")?,
@@ -1186,6 +1295,22 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     );
     let gpu_slot = attach_first_gpu(s, 0)?;
     wait_agent(s, 0, "passthrough")?;
+    // The guest cannot post itself a request: xenstored refuses its write to dom0's
+    // node, and the agent carries on untouched.
+    let state_before = wait_agent(s, 0, "passthrough")?;
+    let denied = s.domu(
+        0,
+        GUEST,
+        "xenstore-write crane/request 'seq=999 op=prepare-resume' 2>&1; echo status=$?",
+    )?;
+    ensure!(
+        !denied.contains("status=0"),
+        "the guest could write its own crane/request: {denied}"
+    );
+    ensure!(
+        wait_agent(s, 0, "passthrough")? == state_before,
+        "the agent's state changed after the guest's own write"
+    );
     s.phase("the GPU guest (HVM) boots, gets host 0's GPU; crane-agent answers craned");
 
     let native = run_native(s, 0, app)?;
@@ -1199,34 +1324,54 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
 
     let crane_started = Instant::now();
     let pid = start_under_crane(s, 0, app)?;
-    wait_holding(s, 0, pid)?;
-    s.phase("the same program under crane, holding halfway");
-
-    let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
-    eprint!("{refused}");
-    s.phase("proxy domain paused: xl migrate refused before anything changed");
+    let refused = if app.holds() {
+        wait_holding(s, 0, pid)?;
+        s.phase("the same program under crane, holding halfway");
+        let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
+        eprint!("{refused}");
+        s.phase("proxy domain paused: xl migrate refused before anything changed");
+        Some(refused)
+    } else {
+        wait_running(s, 0, pid)?;
+        s.phase("the same program under crane, running");
+        None
+    };
 
     // Through the wrapper to the same host; through the XenStore trigger to the other
     // host (or, with one host, to the same one again); stop-and-copy on the last.
-    let last = if s.hosts.len() == 2 { 1 } else { 0 };
+    let other = if s.hosts.len() == 2 { 1 } else { 0 };
     let moves = [
         Move::Live { from: 0, to: 0 },
-        Move::Xenstore { from: 0, to: last },
-        Move::SaveRestore { host: last },
+        Move::Xenstore { from: 0, to: other },
+        Move::SaveRestore { host: other },
     ];
     let mut samples = 0;
     let mut migrations = Vec::new();
+    let mut here = 0;
     for how in moves {
-        let m = move_guest(s, how, pid, &mut samples)
+        if !app.holds() && app_status(s, here, pid)?.is_none() {
+            eprintln!("the program has ended; no more moves");
+            break;
+        }
+        let m = move_guest(s, app, how, pid, &mut samples)
             .with_context(|| format!("moving the guest: {how:?}"))?;
         eprint!("{}", m.log);
         eprintln!("modes seen: {:?}", m.modes_seen);
         s.phase(&how.describe());
+        here = match how {
+            Move::Live { to, .. } | Move::Xenstore { to, .. } => to,
+            Move::SaveRestore { host } => host,
+        };
         migrations.push(m);
     }
+    ensure!(
+        !migrations.is_empty(),
+        "the program ended before the first move: give it more work"
+    );
+    let last = here;
 
     s.domu(last, GUEST, &format!("touch {APP_DIR}/release"))?;
-    let crane = wait_finished(s, last, crane_started)?;
+    let crane = wait_finished(s, last, app, crane_started)?;
     s.phase("the program under crane released and finished");
     ensure!(
         crane.status == 0,
@@ -1248,7 +1393,7 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         crane,
         pid,
         migrations,
-        refused: Some(refused),
+        refused,
     })
 }
 
@@ -1259,6 +1404,7 @@ mod tests {
     #[test]
     fn app_runs_keep_the_last_result_line() {
         let run = AppRun::new(
+            &App::default(),
             "pingpong: iteration 10000\nRESULT pingpong 744033231e3a5475\n".into(),
             String::new(),
             0,
@@ -1266,7 +1412,7 @@ mod tests {
         );
         assert_eq!(run.result, "RESULT pingpong 744033231e3a5475");
         assert_eq!(
-            AppRun::new("nothing\n".into(), String::new(), 1, 1.0).result,
+            AppRun::new(&App::default(), "nothing\n".into(), String::new(), 1, 1.0).result,
             ""
         );
     }
@@ -1276,11 +1422,22 @@ mod tests {
         let app = App {
             program: "pingpong".into(),
             args: vec!["--iters".into(), "a b".into()],
+            host_path: None,
         };
         assert_eq!(
             app.command_line(),
             "'/usr/lib/crane/testapps/pingpong' '--iters' 'a b'"
         );
+        assert!(app.holds() && app.guest_files().is_empty());
+        // A program of this machine lands in the guest image and is compared whole.
+        let me = std::env::current_exe().unwrap();
+        let mut app = App::from_host(&me, vec!["x".into()]).unwrap();
+        app.program = "prog".into();
+        assert!(!app.holds());
+        assert_eq!(app.command_line(), "'/opt/crane-app/prog' 'x'");
+        assert_eq!(app.guest_files(), [(me, "/opt/crane-app/prog".to_string())]);
+        assert_eq!(app.outcome("a\nRESULT b\n\n"), "a\nRESULT b");
+        assert!(App::from_host(std::path::Path::new("/nonexistent"), vec![]).is_err());
     }
 
     #[test]

@@ -29,8 +29,18 @@ impl Session {
     /// Builds the images and boots `count` hosts (1 or 2) with their state in
     /// `target/testbed/PREFIX0`, ...; they die with this process.
     pub fn boot(prefix: &str, count: usize) -> anyhow::Result<Self> {
+        Self::boot_with(prefix, count, &[])
+    }
+
+    /// [`Session::boot`] with more files in the GPU guest's image (file of this
+    /// machine, path in the guest).
+    pub fn boot_with(
+        prefix: &str,
+        count: usize,
+        guest_files: &[(PathBuf, String)],
+    ) -> anyhow::Result<Self> {
         let started = Instant::now();
-        let hosts = crate::boot_owned_hosts(prefix, count)?;
+        let hosts = crate::boot_owned_hosts(prefix, count, guest_files)?;
         let mut session = Self {
             hosts,
             started,

@@ -4,15 +4,17 @@
 //!   integration tests (the OpenCL corpus on PoCL), then the end-to-end tier on
 //!   emulated Xen hosts (skipped, loudly, where this machine cannot run it;
 //!   `CRANE_REQUIRE_E2E=1` makes that an error).
-//! * `cargo xtask demo [--hosts 2]` — on emulated Xen hosts, crane as deployed
-//!   (craned and the xl wrapper in dom0, crane-proxy in a proxy domain,
-//!   crane-agent in an HVM guest): an OpenCL app in the guest keeps running while
-//!   `xl migrate` moves the guest (to the same host; with `--hosts 2` also to the
-//!   other host), on crane-proxy meanwhile and back on a freshly attached GPU
-//!   after, then through `xl save` / `xl restore`; its result is checked against
-//!   a native run. Where no emulated host can run, or with
-//!   `--local [--app PATH -- ARGS]`: the suspend/resume cycle on this machine
-//!   without a VM.
+//! * `cargo xtask demo [--hosts 2] [--app PATH [-- ARGS]]` — on emulated Xen
+//!   hosts, crane as deployed (craned and the xl wrapper in dom0, crane-proxy in
+//!   a proxy domain, crane-agent in an HVM guest): an OpenCL app in the guest
+//!   keeps running while `xl migrate` and a XenStore request move the guest (to
+//!   the same host; with `--hosts 2` the second to the other host), on
+//!   crane-proxy meanwhile and back on a freshly attached GPU after, then through
+//!   `xl save` / `xl restore`; its result is checked against a native run, and
+//!   each move's stoppage printed. `--app` runs a program of this machine
+//!   (copied into the guest image with its libraries) instead of pingpong.
+//!   Where no emulated host can run, or with `--local [--app PATH -- ARGS]`: the
+//!   suspend/resume cycle on this machine without a VM.
 //! * `cargo xtask bench [RUNS]` — added nanoseconds per call versus native.
 //! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
@@ -183,7 +185,21 @@ fn result_line(out: &[u8]) -> String {
 /// cycle, saying why.
 fn demo(args: &[String]) -> Result<()> {
     ensure_packages()?;
-    let local = args.iter().any(|a| a == "--local" || a == "--app");
+    let local = args.iter().any(|a| a == "--local");
+    // `--app PATH [-- ARGS]`: any OpenCL program of this machine instead of pingpong.
+    let app = match args.iter().position(|a| a == "--app") {
+        Some(i) => {
+            let path = PathBuf::from(args.get(i + 1).context("--app needs a path")?);
+            let app_args: Vec<String> = args
+                .iter()
+                .skip_while(|a| *a != "--")
+                .skip(1)
+                .cloned()
+                .collect();
+            Some(crane_test_vms::scenario::App::from_host(&path, app_args)?)
+        }
+        None => None,
+    };
     let hosts = match args.iter().position(|a| a == "--hosts") {
         Some(i) => args
             .get(i + 1)
@@ -194,7 +210,7 @@ fn demo(args: &[String]) -> Result<()> {
     };
     if !local {
         match tier::prepare() {
-            Readiness::Ready => return xen_demo(hosts),
+            Readiness::Ready => return xen_demo(hosts, app),
             Readiness::Skip(reason) => eprintln!(
                 "xtask demo: cannot boot an emulated Xen host here: {reason}.\n\
                  xtask demo: running the LOCAL cycle instead: the app suspended and resumed on \
@@ -206,8 +222,8 @@ fn demo(args: &[String]) -> Result<()> {
 }
 
 /// The scenario of `crane_test_vms::scenario` on `hosts` emulated Xen hosts.
-fn xen_demo(hosts: usize) -> Result<()> {
-    let app = crane_test_vms::scenario::App::default();
+fn xen_demo(hosts: usize, app: Option<crane_test_vms::scenario::App>) -> Result<()> {
+    let app = app.unwrap_or_default();
     println!(
         "== crane on {hosts} emulated Xen host(s) (Debian's Xen under QEMU; an e1000 stands in \
          for the GPU)"
@@ -215,21 +231,31 @@ fn xen_demo(hosts: usize) -> Result<()> {
     println!(
         "   craned and the xl wrapper in dom0, crane-proxy in a proxy domain, crane-agent in \
          an HVM guest; {} {} there natively, then under crane (the guest's libOpenCL.so.1) \
-         while `xl migrate` moves the guest{} (the program runs on crane-proxy meanwhile) \
-         and `xl save` / `xl restore` park and resume it",
+         while the guest moves: `xl migrate` through the wrapper and a request written to \
+         XenStore, each {} (the program runs on crane-proxy meanwhile), then `xl save` / \
+         `xl restore` (the program parked in RAM)",
         app.program,
         app.args.join(" "),
         if hosts == 2 {
-            " to the same host, then to the other host"
+            "to the same host, then to the other host"
         } else {
-            " to the same host (--hosts 2 adds the other host)"
+            "to the same host (--hosts 2 sends the second to the other host)"
         }
     );
+    if !app.holds() {
+        println!(
+            "   {} does not hold halfway like the test programs: the guest moves while it \
+             runs, as often as it runs long enough; its whole output must equal the native \
+             run's",
+            app.program
+        );
+    }
     let started = Instant::now();
     let report = crane_test_vms::demo(hosts, &app)?;
     print!("{}", report.summary());
     println!(
-        "== identical to the native run after {} move(s) of the guest; {:.0} s in all",
+        "== {} identical to the native run after {} move(s) of the guest; {:.0} s in all",
+        if app.holds() { "result" } else { "output" },
         report.migrations.len(),
         started.elapsed().as_secs_f64()
     );
