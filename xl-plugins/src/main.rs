@@ -8,6 +8,7 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use crane_xl::{Plan, Reporter, Settings, ask, check_real_xl, plan};
+use craned_control::tree_written_bytes;
 use craned_control::{ControlError, Mode, Request};
 
 fn exec_real(settings: &Settings, args: &[String]) -> i32 {
@@ -35,6 +36,7 @@ fn run_real(settings: &Settings, args: &[String], rep: &Reporter, save_file: Opt
         }
     };
     ignore_terminal_signals();
+    let migrating = args.iter().any(|a| a == "migrate");
     let mut last_report = std::time::Instant::now();
     loop {
         match child.try_wait() {
@@ -45,14 +47,20 @@ fn run_real(settings: &Settings, args: &[String], rep: &Reporter, save_file: Opt
                 return 1;
             }
         }
-        if let Some(f) = save_file
-            && last_report.elapsed() >= Duration::from_secs(2)
-        {
-            if let Ok(m) = std::fs::metadata(f) {
-                rep.line(&format!(
-                    "xl save: {:.1} MiB written",
-                    m.len() as f64 / (1 << 20) as f64
-                ));
+        if last_report.elapsed() >= Duration::from_secs(2) {
+            let mib = |b: u64| b as f64 / (1 << 20) as f64;
+            match save_file {
+                Some(f) => {
+                    if let Ok(m) = std::fs::metadata(f) {
+                        rep.line(&format!("xl save: {:.1} MiB written", mib(m.len())));
+                    }
+                }
+                None if migrating => {
+                    if let Some(b) = tree_written_bytes(child.id()) {
+                        rep.line(&format!("xl migrate: {:.1} MiB sent", mib(b)));
+                    }
+                }
+                None => {}
             }
             last_report = std::time::Instant::now();
         }

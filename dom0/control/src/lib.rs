@@ -300,6 +300,47 @@ pub fn call(
     }
 }
 
+/// Bytes written so far by process `pid` and its descendants (`wchar` of
+/// /proc/PID/io, which also counts the children it has reaped): during `xl
+/// migrate` that is the migration stream, written by libxl's save helper.
+/// `None` when /proc cannot tell (the process is gone, or not ours).
+pub fn tree_written_bytes(pid: u32) -> Option<u64> {
+    fn written(pid: u32) -> Option<u64> {
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+        io.lines()
+            .find_map(|l| l.strip_prefix("wchar:"))?
+            .trim()
+            .parse()
+            .ok()
+    }
+    fn children(pid: u32) -> Vec<u32> {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Vec::new();
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect()
+    }
+    let mut total = written(pid)?;
+    let mut todo = children(pid);
+    let mut seen = 0;
+    while let Some(p) = todo.pop() {
+        seen += 1;
+        if seen > 256 {
+            break;
+        }
+        total += written(p).unwrap_or(0);
+        todo.extend(children(p));
+    }
+    Some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,5 +424,33 @@ mod tests {
         let mut r = BufReader::new(&b"abc\r\n"[..]);
         assert_eq!(read_line(&mut r).unwrap().as_deref(), Some("abc"));
         assert_eq!(read_line(&mut r).unwrap(), None);
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn counts_what_a_process_tree_writes() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "head -c 3000000 /dev/zero | cat > /dev/null; sleep 5"])
+            .spawn()
+            .unwrap();
+        let until = Instant::now() + Duration::from_secs(4);
+        let mut seen = 0;
+        while Instant::now() < until {
+            seen = tree_written_bytes(child.id()).unwrap_or(0);
+            if seen >= 6_000_000 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // head's 3 MB into the pipe and cat's 3 MB to /dev/null.
+        assert!(seen >= 6_000_000, "{seen}");
+        assert_eq!(tree_written_bytes(u32::MAX), None);
     }
 }

@@ -40,6 +40,8 @@ pub(crate) struct Job {
     dest: String,
     mode: Mode,
     pre_stop_ms: Option<f64>,
+    /// Bytes sent, as of the last tick (the count is gone with the process).
+    bytes: Option<u64>,
     running: Box<dyn Running>,
 }
 
@@ -122,6 +124,8 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 r.phase = Some("transfer".into());
                 r.ms = job.started.elapsed().as_millis() as u64;
                 r.pre_stop_ms = job.pre_stop_ms;
+                job.bytes = job.running.bytes().or(job.bytes);
+                r.bytes = job.bytes;
                 self.write_result(&guest, &r);
                 continue;
             };
@@ -150,7 +154,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                     (AdminState::Failed, Some(format!("{why}; {rb}")))
                 }
             };
-            let pre = job.pre_stop_ms;
+            let (pre, bytes) = (job.pre_stop_ms, job.bytes);
             log::info!(
                 "{guest}: {} to {} ({}) ended: {}",
                 job.id,
@@ -161,6 +165,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             self.finish(&guest, job.id, job.started, state, |r| {
                 r.phase = Some("transfer".into());
                 r.pre_stop_ms = pre;
+                r.bytes = bytes;
                 r.error = error;
             });
         }
@@ -311,6 +316,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                         dest: dest.to_string(),
                         mode,
                         pre_stop_ms,
+                        bytes: None,
                         running,
                     },
                 );
@@ -340,7 +346,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::journal;
-    use crate::testing::{FAKE_PID, FakeAgent, FakeTransfers, FakeXl, OnMigrate, gpu};
+    use crate::testing::{FAKE_BYTES, FAKE_PID, FakeAgent, FakeTransfers, FakeXl, OnMigrate, gpu};
     use crane_xs::mem::{MemConn, MemStore};
     use crane_xs::message::GuestState;
     use crane_xs::{Access, Perm, XsData, XsPerms};
@@ -432,10 +438,12 @@ mod tests {
         );
         // The transfer runs on; the journal's owner (craned) lives.
         svc.tick(&|pid| pid == std::process::id());
-        assert_eq!(w.result().state, AdminState::Working);
+        let r = w.result();
+        assert_eq!((r.state, r.bytes), (AdminState::Working, Some(FAKE_BYTES)));
         svc.tick(&|pid| pid == std::process::id());
         let r = w.result();
         assert_eq!((r.id, r.state, r.error), (1, AdminState::Done, None));
+        assert_eq!(r.bytes, Some(FAKE_BYTES));
         assert!(journal::load(&w.dom0, "g1").unwrap().is_none());
         let st = svc.status();
         assert!(

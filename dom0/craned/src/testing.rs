@@ -396,7 +396,14 @@ impl Transfers for FakeTransfers {
     }
 }
 
+/// What a [`FakeTransfers`] transfer says it has sent.
+pub const FAKE_BYTES: u64 = 400 << 20;
+
 impl Running for FakeRunning {
+    fn bytes(&self) -> Option<u64> {
+        Some(FAKE_BYTES)
+    }
+
     fn poll(&mut self) -> Option<Result<(), String>> {
         self.polls += 1;
         if self.polls < 2 {

@@ -25,6 +25,10 @@ pub trait Transfers: Send {
 pub trait Running: Send {
     /// `None` while it runs; then whether it succeeded (and if not, why).
     fn poll(&mut self) -> Option<Result<(), String>>;
+    /// Bytes sent so far, when known.
+    fn bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Runs the real xl (not the wrapper: craned does the choreography itself).
@@ -128,6 +132,10 @@ impl Transfers for XlTransfers {
 }
 
 impl Running for XlRunning {
+    fn bytes(&self) -> Option<u64> {
+        craned_control::tree_written_bytes(self.child.id())
+    }
+
     fn poll(&mut self) -> Option<Result<(), String>> {
         let status = match self.child.try_wait() {
             Ok(None) => return None,
