@@ -707,6 +707,16 @@ pub fn wait_holding(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppSta
     Ok(status)
 }
 
+/// Whether the program under crane has exited (its runner wrote the status).
+fn app_ended(s: &Session, host: usize) -> anyhow::Result<bool> {
+    let status = s.domu(
+        host,
+        GUEST,
+        &format!("cat {APP_DIR}/status 2>/dev/null; true"),
+    )?;
+    Ok(!status.trim().is_empty())
+}
+
 /// For a program that does not hold: waits until crane serves it (its control
 /// socket answers) and checks that crane is its `libOpenCL.so.1`.
 pub fn wait_running(s: &Session, host: usize, pid: u32) -> anyhow::Result<()> {
@@ -1349,7 +1359,7 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     let mut migrations = Vec::new();
     let mut here = 0;
     for how in moves {
-        if !app.holds() && app_status(s, here, pid)?.is_none() {
+        if !app.holds() && app_ended(s, here)? {
             eprintln!("the program has ended; no more moves");
             break;
         }

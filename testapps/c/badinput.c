@@ -21,6 +21,11 @@
  *   --faults   a short sequence whose entry points the fault-injection build
  *              of crane makes panic (CRANE_FAULT_PANIC); each call is made
  *              twice and the application checks it keeps working.
+ *   --wait-in-call MS
+ *              waits inside clWaitForEvents on a user event that a second
+ *              thread completes after MS milliseconds, then once more does the
+ *              same after reading a line from stdin (the control-socket tests:
+ *              a status request while the process is inside a call)
  *   --work     runs and checks a kernel in a loop until stdin is closed (the
  *              control-socket tests poke the socket meanwhile).
  *
@@ -34,6 +39,7 @@
 #include <CL/cl_ext.h>
 
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -1538,10 +1544,47 @@ static void work_until_stdin_closes(struct env *v)
     printf("work ok\n");
 }
 
+struct completer {
+    cl_event ev;
+    int ms;
+};
+
+static void *complete_later(void *arg)
+{
+    struct completer *c = arg;
+    sleep_us((long)c->ms * 1000);
+    CK(clSetUserEventStatus(c->ev, CL_COMPLETE));
+    return NULL;
+}
+
+/* --wait-in-call MS: "waiting" on stdout, then inside clWaitForEvents for MS
+ * milliseconds; "waited", then the same again after a line on stdin. */
+static void wait_in_call(struct env *v, int ms)
+{
+    char line[64];
+    for (int round = 0; round < 2; round++) {
+        if (round == 1 && !fgets(line, sizeof line, stdin))
+            return;
+        cl_int err;
+        struct completer c = {clCreateUserEvent(v->ctx, &err), ms};
+        CK(err);
+        pthread_t t;
+        if (pthread_create(&t, NULL, complete_later, &c) != 0)
+            fail("pthread_create");
+        printf("waiting\n");
+        fflush(stdout);
+        CK(clWaitForEvents(1, &c.ev));
+        pthread_join(t, NULL);
+        CK(clReleaseEvent(c.ev));
+        printf("waited\n");
+        fflush(stdout);
+    }
+}
+
 int main(int argc, char **argv)
 {
     g_prog = "badinput";
-    int faults = 0, work = 0;
+    int faults = 0, work = 0, wait_ms = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--foreign") == 0)
             g_foreign = 1;
@@ -1549,10 +1592,13 @@ int main(int argc, char **argv)
             faults = 1;
         else if (strcmp(argv[i], "--work") == 0)
             work = 1;
+        else if (strcmp(argv[i], "--wait-in-call") == 0 && i + 1 < argc)
+            wait_ms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             i++; /* run-native.sh passes --iters; there is nothing to repeat */
         else {
-            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--iters N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--wait-in-call MS] [--iters N]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1566,6 +1612,10 @@ int main(int argc, char **argv)
     struct env v;
     memset(&v, 0, sizeof v);
     setup(&v);
+    if (wait_ms > 0) {
+        wait_in_call(&v, wait_ms);
+        return 0;
+    }
     if (work) {
         work_until_stdin_closes(&v);
         print_result();

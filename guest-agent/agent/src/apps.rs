@@ -178,6 +178,7 @@ pub(crate) mod fake {
                             tracked_bytes: 0,
                             dirty_bytes: 0,
                             vendors: Vec::new(),
+                            busy: false,
                         }),
                         phases: Vec::new(),
                         residue: None,

@@ -92,6 +92,11 @@ pub struct AppStatus {
     /// Bytes a suspend would have to read back now.
     pub dirty_bytes: u64,
     pub vendors: Vec<String>,
+    /// The process stayed inside an OpenCL call (a program build, a long
+    /// wait) while its objects were to be counted: the counts and byte
+    /// figures are left at zero; pid, exe, mode and vendors hold.
+    #[serde(default)]
+    pub busy: bool,
 }
 
 /// One timed step of a transition.

@@ -143,6 +143,13 @@ fn run() -> Result<ExitCode> {
                     }) => {
                         if json {
                             println!("{}", serde_json::to_string(&s)?);
+                        } else if s.busy {
+                            println!(
+                                "{:>8}  {:<11} (inside an OpenCL call: objects not counted)  {}",
+                                s.pid,
+                                format!("{:?}", s.mode).to_lowercase(),
+                                s.exe
+                            );
                         } else {
                             let o = &s.objects;
                             println!(

@@ -211,10 +211,21 @@ fn handle(req: Request) -> Response {
             // Counting objects needs them to hold still: pause the application's
             // calls briefly (they already are while suspended).
             let paused = lifecycle::mode() != Mode::Suspended;
+            // A process inside a long call (a program build) is still listed,
+            // marked busy, without counts.
             if paused && gate::shut(gate::CLOSED, Instant::now() + Duration::from_secs(2)).is_err()
             {
                 gate::open();
-                return Response::error("the process stayed inside OpenCL calls; try again");
+                return match std::panic::catch_unwind(lifecycle::status_busy) {
+                    Ok(st) => Response {
+                        ok: true,
+                        error: None,
+                        status: Some(st),
+                        phases: Vec::new(),
+                        residue: None,
+                    },
+                    Err(_) => Response::error("internal error while reporting status"),
+                };
             }
             let st = std::panic::catch_unwind(lifecycle::status);
             if paused {

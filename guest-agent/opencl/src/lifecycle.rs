@@ -905,5 +905,26 @@ pub fn status() -> crane_control::AppStatus {
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
+        busy: false,
+    }
+}
+
+/// What can be told without pausing the application (its objects cannot be
+/// walked while its calls run): pid, exe, mode and vendors, marked busy.
+pub fn status_busy() -> crane_control::AppStatus {
+    crane_control::AppStatus {
+        pid: std::process::id(),
+        exe: std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        mode: mode(),
+        objects: crane_control::ObjectCounts::default(),
+        tracked_bytes: 0,
+        dirty_bytes: 0,
+        vendors: vendor::loaded_paths()
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        busy: true,
     }
 }

@@ -599,3 +599,56 @@ fn control_socket_idle_connections_block_nobody() {
     }
     app.finish();
 }
+
+/// A status request while the process sits inside a long OpenCL call (here
+/// clWaitForEvents; in practice a program build) cannot count objects, which
+/// needs the process's calls paused: it is still answered, marked busy, with
+/// the process's mode, so `cranectl list` keeps listing it. Outside calls the
+/// counts come back.
+#[test]
+fn status_inside_a_long_call_is_answered_busy() {
+    let dir = run_dir("busy");
+    let mut child = Command::new(badinput())
+        .args(["--wait-in-call", "6000"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let sock = socket_path(&dir, child.id());
+    let mut line = String::new();
+    // The next line that is not the program's device banner.
+    let mut expect = |want: &str| loop {
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        if !line.starts_with("badinput: ") {
+            assert_eq!(line.trim(), want);
+            break;
+        }
+    };
+    expect("waiting");
+    // The waiting thread entered clWaitForEvents just after printing.
+    std::thread::sleep(Duration::from_millis(300));
+    let r = call(&sock, &Request::Status, Duration::from_secs(10)).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    let st = r.status.unwrap();
+    assert!(st.busy, "{st:?}");
+    assert_eq!((st.pid, st.mode), (child.id(), Mode::Passthrough));
+    assert_eq!(st.objects.contexts, 0, "no counts while busy: {st:?}");
+    expect("waited");
+    let r = call(&sock, &Request::Status, Duration::from_secs(10)).unwrap();
+    let st = r.status.unwrap();
+    assert!(!st.busy, "{st:?}");
+    assert!(st.objects.contexts >= 1, "{st:?}");
+    // The second wait is not disturbed by the first status.
+    writeln!(stdin, "again").unwrap();
+    expect("waiting");
+    expect("waited");
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
