@@ -18,11 +18,14 @@ use crate::ratelimit::limited;
 
 /// Idle seconds before TCP keepalive probes start, seconds between probes,
 /// and probes lost before the peer is declared dead: a dead guest is noticed
-/// within about 11 s.
-const KEEPALIVE: (libc::c_int, libc::c_int, libc::c_int) = (5, 2, 3);
+/// within about 40 s. Clients are remote because their guests migrate, and a
+/// migrating guest goes dark for a while (paused for its last pages, its
+/// network front end reconnecting on the destination: 18 s were seen under
+/// software emulation); its session must outlive that.
+const KEEPALIVE: (libc::c_int, libc::c_int, libc::c_int) = (10, 5, 6);
 /// Longest time sent data may stay unacknowledged before the connection is
-/// dropped (TCP_USER_TIMEOUT).
-const USER_TIMEOUT_MS: libc::c_int = 15_000;
+/// dropped (TCP_USER_TIMEOUT), for the same reason.
+const USER_TIMEOUT_MS: libc::c_int = 60_000;
 /// Longest time one write may block on a client that does not read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Payloads up to this size are copied into the frame buffer and go out in
@@ -182,6 +185,11 @@ impl From<io::Error> for ReadError {
     fn from(e: io::Error) -> Self {
         match e.kind() {
             io::ErrorKind::UnexpectedEof => ReadError::Truncated,
+            // ETIMEDOUT from the socket is TCP giving up on the peer (keepalive
+            // or TCP_USER_TIMEOUT), not a deadline of ours.
+            io::ErrorKind::TimedOut if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                ReadError::Io(e)
+            }
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ReadError::TimedOut,
             _ => ReadError::Io(e),
         }

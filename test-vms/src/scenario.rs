@@ -268,6 +268,8 @@ pub struct Report {
     /// The program's pid in the guest (the same all along).
     pub pid: u32,
     pub migrations: Vec<Migration>,
+    /// What the agent answered when driven by hand (xenstore-write, xl).
+    pub by_hand: Option<String>,
     /// The wrapper's output when it refused a migration with the proxy paused.
     pub refused: Option<String>,
 }
@@ -286,6 +288,15 @@ impl Report {
             "native run in the guest:  {}  (status {}, {:.1} s)",
             self.native.result, self.native.status, self.native.seconds
         );
+        if let Some(r) = &self.by_hand {
+            let _ = writeln!(
+                out,
+                "the agent driven by hand (xenstore-write, xl pci-detach/attach):"
+            );
+            for line in r.lines().filter(|l| l.starts_with("crane:")) {
+                let _ = writeln!(out, "    {line}");
+            }
+        }
         if let Some(r) = &self.refused {
             let _ = writeln!(
                 out,
@@ -1039,6 +1050,112 @@ fn xenstore_move(
     Ok((log, result.pre_stop_ms))
 }
 
+/// The guest agent driven by hand, as an operator debugging it would: dom0 writes
+/// requests into the guest's `crane/request` with `xenstore-write` and detaches and
+/// attaches the GPU with `xl`. A malformed request is rejected and changes nothing;
+/// prepare-migrate (stop-and-copy) parks the program and unloads the GPU driver; the
+/// GPU goes and comes back; prepare-resume loads the driver, waits until the device
+/// is bound and resumes the program. Returns what the agent answered.
+pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
+    use crane_xs::message::{Op, Request as AgentRequest};
+    let domid = guest_domid(s, 0)?.context("the guest is not running")?;
+    let base = format!("/local/domain/{domid}/crane");
+    let read = |key: &str| -> anyhow::Result<String> {
+        Ok(
+            s.dom0(0, &format!("xenstore-read {base}/{key} 2>/dev/null; true"))?
+                .trim()
+                .to_owned(),
+        )
+    };
+    let last_seq: u64 = field(&read("agent/state")?, "last-seq")
+        .and_then(|v| v.parse().ok())
+        .context("the agent's state has no last-seq")?;
+    let post = |value: &str, seq: u64| -> anyhow::Result<String> {
+        s.dom0(
+            0,
+            &format!("xenstore-write {base}/request {}", shell_quote(value)),
+        )?;
+        wait_dom0(
+            s,
+            0,
+            &format!("xenstore-read {base}/agent/response"),
+            Duration::from_millis(2 * MOVE_DEADLINE_MS),
+            |o| {
+                field(o, "seq") == Some(seq.to_string().as_str())
+                    && field(o, "outcome").is_some_and(|v| v != "working")
+            },
+        )
+        .map(|o| o.trim().to_owned())
+    };
+    let mut log = String::new();
+    // Malformed: rejected with the seq it carried, the guest untouched.
+    let bad = post(&format!("seq={} op=explode", last_seq + 1), last_seq + 1)?;
+    ensure!(
+        field(&bad, "outcome") == Some("rejected"),
+        "a malformed request was not rejected: {bad}"
+    );
+    let _ = writeln!(log, "crane: malformed request -> {bad}");
+    ensure!(
+        field(&read("agent/state")?, "state") == Some("passthrough"),
+        "the agent left passthrough after a malformed request"
+    );
+    let request = |seq, op| {
+        AgentRequest {
+            seq,
+            op,
+            deadline_ms: Some(MOVE_DEADLINE_MS),
+        }
+        .format()
+    };
+    let seq = last_seq + 1;
+    let ready = post(
+        &request(
+            seq,
+            Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy),
+        ),
+        seq,
+    )?;
+    ensure!(
+        field(&ready, "outcome") == Some("ready-for-detach"),
+        "prepare-migrate by hand: {ready}"
+    );
+    let _ = writeln!(log, "crane: prepare-migrate -> {ready}");
+    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+    ensure!(
+        status.mode == Mode::Suspended,
+        "pid {pid} is {:?} after prepare-migrate (stop-and-copy)",
+        status.mode
+    );
+    ensure!(
+        !s.domu(0, GUEST, "cat /proc/modules")?.contains("e1000 "),
+        "the agent left the GPU driver loaded"
+    );
+    s.dom0(0, &format!("xl pci-detach {GUEST} {GUEST_STANDIN_BDF}"))?;
+    ensure!(
+        !s.dom0(0, &format!("xl pci-list {GUEST}"))?
+            .contains(GUEST_STANDIN_BDF),
+        "xl pci-detach left the GPU attached"
+    );
+    s.dom0(0, &format!("xl pci-attach {GUEST} {GUEST_STANDIN_BDF}"))?;
+    let resumed = post(&request(seq + 1, Op::PrepareResume), seq + 1)?;
+    ensure!(
+        field(&resumed, "outcome") == Some("resumed"),
+        "prepare-resume by hand: {resumed}"
+    );
+    let _ = writeln!(
+        log,
+        "crane: GPU detached and attached with xl; prepare-resume -> {resumed}"
+    );
+    wait_gpu_bound(s, 0)?;
+    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+    ensure!(
+        status.mode == Mode::Passthrough,
+        "pid {pid} is {:?} after prepare-resume",
+        status.mode
+    );
+    Ok(log)
+}
+
 /// With the proxy domain paused, `xl migrate` through the wrapper must be refused
 /// before anything changes: the guest keeps its domain and GPU, the program stays in
 /// passthrough. Returns the wrapper's output.
@@ -1334,13 +1451,16 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
 
     let crane_started = Instant::now();
     let pid = start_under_crane(s, 0, app)?;
-    let refused = if app.holds() {
+    let checks = if app.holds() {
         wait_holding(s, 0, pid)?;
         s.phase("the same program under crane, holding halfway");
+        let by_hand = agent_by_hand(s, pid).context("driving the agent by hand")?;
+        eprint!("{by_hand}");
+        s.phase("the agent driven by hand with xenstore-write and xl: rejected, parked, resumed");
         let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
         eprint!("{refused}");
         s.phase("proxy domain paused: xl migrate refused before anything changed");
-        Some(refused)
+        Some((by_hand, refused))
     } else {
         wait_running(s, 0, pid)?;
         s.phase("the same program under crane, running");
@@ -1403,7 +1523,8 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         crane,
         pid,
         migrations,
-        refused,
+        by_hand: checks.as_ref().map(|c| c.0.clone()),
+        refused: checks.map(|c| c.1),
     })
 }
 

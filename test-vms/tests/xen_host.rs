@@ -133,6 +133,16 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
             Move::SaveRestore { host: 1 }
         ]
     );
+    // The agent driven by hand: a malformed request rejected, then parked (driver
+    // unloaded, GPU detached and attached by xl) and resumed.
+    let by_hand = report.by_hand.as_deref().unwrap_or_default();
+    for want in [
+        "outcome=rejected",
+        "outcome=ready-for-detach",
+        "outcome=resumed",
+    ] {
+        assert!(by_hand.contains(want), "no {want} in:\n{by_hand}");
+    }
     // The proxy domain paused: xl migrate was refused, and said why.
     let refused = report.refused.as_deref().unwrap_or_default();
     assert!(refused.contains("crane-proxy does not answer"), "{refused}");
