@@ -36,6 +36,7 @@
 
 mod objects;
 mod residue;
+mod stacks;
 mod threads;
 mod tracker;
 mod unload;

@@ -16,7 +16,8 @@ use goblin::elf::dynamic::{
     DF_1_NODELETE, DT_FLAGS_1, DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NEEDED, DT_NULL, DT_PLTREL,
     DT_PLTRELSZ, DT_RELA, DT_RELASZ, DT_SONAME, DT_STRSZ, DT_STRTAB, DT_SYMTAB,
 };
-use goblin::elf::program_header::{PF_W, PT_DYNAMIC, PT_GNU_RELRO, PT_LOAD};
+use goblin::elf::dynamic::{DT_FINI, DT_FINI_ARRAY, DT_FINI_ARRAYSZ};
+use goblin::elf::program_header::{PF_W, PF_X, PT_DYNAMIC, PT_GNU_RELRO, PT_LOAD};
 use goblin::elf::section_header::SHN_UNDEF;
 use goblin::elf::sym::STB_GNU_UNIQUE;
 use goblin::elf64::dynamic::Dyn;
@@ -96,6 +97,52 @@ impl<'a> Image<'a> {
 
     pub fn path(&self) -> &Path {
         Path::new(OsStr::from_bytes(self.name.to_bytes()))
+    }
+
+    /// The address ranges of its executable segments.
+    pub fn code_ranges(&self) -> Vec<Range<usize>> {
+        self.load_segments()
+            .filter(|p| p.p_flags & PF_X != 0)
+            .map(|p| {
+                let start = self.base.wrapping_add(p.p_vaddr as usize);
+                start..start.wrapping_add(p.p_memsz as usize)
+            })
+            .collect()
+    }
+
+    /// Its termination functions as glibc's `dlclose` would call them: the
+    /// `DT_FINI_ARRAY` slots (addresses of the entries, in the order glibc
+    /// calls them, last entry first) and the `DT_FINI` function.
+    pub fn fini(&self) -> Fini {
+        let mut fini = Fini::default();
+        let Some(segment) = self.phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
+            return fini;
+        };
+        let start = self.base.wrapping_add(segment.p_vaddr as usize);
+        let count = segment.p_memsz as usize / size_of::<Dyn>();
+        let (mut array, mut size) = (None, 0);
+        for index in 0..count {
+            let Some(entry) = self.read::<Dyn>(start + index * size_of::<Dyn>()) else {
+                break;
+            };
+            match entry.d_tag {
+                DT_NULL => break,
+                DT_FINI_ARRAY => array = self.absolute(entry.d_val),
+                DT_FINI_ARRAYSZ => size = entry.d_val as usize,
+                DT_FINI => fini.dt_fini = self.absolute(entry.d_val),
+                _ => {}
+            }
+        }
+        if let Some(array) = array {
+            let entries = size / size_of::<usize>();
+            for index in (0..entries).rev() {
+                let slot = array + index * size_of::<usize>();
+                if let Some(function) = self.read::<usize>(slot) {
+                    fini.array.push((slot, function));
+                }
+            }
+        }
+        fini
     }
 
     fn load_segments(&self) -> impl Iterator<Item = &libc::Elf64_Phdr> {
@@ -403,6 +450,64 @@ impl<'a> Image<'a> {
         }
         true
     }
+}
+
+/// The termination functions of an object, see [`Image::fini`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fini {
+    /// (slot address, function) of each `DT_FINI_ARRAY` entry, in calling
+    /// order.
+    pub array: Vec<(usize, usize)>,
+    pub dt_fini: Option<usize>,
+}
+
+/// The termination functions of the loaded object `id`.
+pub(crate) fn fini_of(id: &ObjectId) -> Option<Fini> {
+    let mut out = None;
+    for_each_object(|image| {
+        if image.id() == *id {
+            out = Some(image.fini());
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    out
+}
+
+/// Points the given `DT_FINI_ARRAY` slots of the loaded object `id` at
+/// `function`; returns how many were changed.
+pub(crate) fn rewrite_fini_slots(id: &ObjectId, slots: &[usize], function: usize) -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let mut changed = 0;
+    for_each_object(|image| {
+        if image.id() == *id {
+            let relro = image.relro_pages(page);
+            for &slot in slots {
+                if image.write_slot(slot, function, relro.as_ref(), page) {
+                    changed += 1;
+                }
+            }
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    changed
+}
+
+/// The executable ranges of the loaded objects in `ids`, with their ids.
+pub(crate) fn code_ranges(ids: &HashSet<ObjectId>) -> Vec<(ObjectId, Range<usize>)> {
+    let mut out = Vec::new();
+    for_each_object(|image| {
+        let id = image.id();
+        if ids.contains(&id) {
+            for range in image.code_ranges() {
+                out.push((id.clone(), range));
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    out
 }
 
 /// Calls `visit` for each loaded object, in link-map order, under the loader

@@ -60,6 +60,11 @@ pub(crate) struct Tracker {
     pub objects: Vec<ObjectId>,
     pub handles: Vec<HandleEntry>,
     pub threads: Vec<ThreadEntry>,
+    /// Handles the vendor opened and left open that unloading closed while
+    /// the vendor's code was still mapped; a later `dlclose` of one by the
+    /// vendor (from its destructors) is a no-op instead of a use of a stale
+    /// handle.
+    pub closed_for_vendor: Vec<usize>,
     next_serial: u64,
 }
 
@@ -68,6 +73,7 @@ static TRACKER: Mutex<Tracker> = Mutex::new(Tracker {
     objects: Vec::new(),
     handles: Vec::new(),
     threads: Vec::new(),
+    closed_for_vendor: Vec::new(),
     next_serial: 0,
 });
 
@@ -254,6 +260,10 @@ unsafe extern "C" fn hooked_dlclose(handle: *mut c_void) -> c_int {
     bookkeeping("dlclose", || {
         let mut tracker = lock();
         let address = handle as usize;
+        if tracker.closed_for_vendor.contains(&address) {
+            deferred = true;
+            return;
+        }
         let known = tracker.handles.iter().any(|h| h.handle == address);
         if let Some(entry) = tracker
             .handles

@@ -5,12 +5,14 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, c_void};
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
 use crate::objects::{self, ObjectFacts, ObjectId};
 use crate::residue::{self, DeviceFd, DeviceMapping, DevicePolicy};
+use crate::stacks;
 use crate::threads::{self, VendorThread};
 use crate::tracker::{self, HandleEntry};
 use crate::{UnloadError, dl_error};
@@ -125,6 +127,18 @@ fn handle_of(entry: &HandleEntry) -> *mut c_void {
 /// Closes, latest first, the handles the vendor closed itself and those it
 /// left open whose opener is gone, until no more can be closed.
 fn close_vendor_handles(report: &mut UnloadReport, failures: &mut HashMap<ObjectId, String>) {
+    close_handles(report, failures, None);
+}
+
+/// With `still_mapped_vendor`, closes every handle the vendor opened (other
+/// than to itself), whoever opened it and whatever runs in it: the vendor's
+/// code is pinned and its own objects are released, so what it loaded goes
+/// first.
+fn close_handles(
+    report: &mut UnloadReport,
+    failures: &mut HashMap<ObjectId, String>,
+    still_mapped_vendor: Option<&ObjectId>,
+) {
     'rescan: loop {
         let entries = tracker::lock().handles.clone();
         let loaded = objects::loaded_ids();
@@ -134,13 +148,22 @@ fn close_vendor_handles(report: &mut UnloadReport, failures: &mut HashMap<Object
                 .opener
                 .as_ref()
                 .is_none_or(|opener| *opener == entry.target || !loaded.contains(opener));
-            if !loaded.contains(&entry.target)
-                || !(entry.closed_by_vendor || opener_gone)
-                || running.contains_key(&entry.target)
-            {
+            let eligible = match still_mapped_vendor {
+                Some(vendor) => entry.target != *vendor,
+                None => {
+                    (entry.closed_by_vendor || opener_gone) && !running.contains_key(&entry.target)
+                }
+            };
+            if !loaded.contains(&entry.target) || !eligible {
                 continue;
             }
-            tracker::lock().handles.retain(|h| h.serial != entry.serial);
+            {
+                let mut tracker = tracker::lock();
+                tracker.handles.retain(|h| h.serial != entry.serial);
+                if still_mapped_vendor.is_some() && !entry.closed_by_vendor {
+                    tracker.closed_for_vendor.push(entry.handle);
+                }
+            }
             // SAFETY: the handle came from a successful dlopen by the vendor,
             // its object is still loaded (so the handle is not stale), and
             // nobody but the unloaded vendor was meant to use it.
@@ -201,6 +224,135 @@ fn drop_untracked_references(id: &ObjectId, report: &mut UnloadReport) {
             return;
         }
     }
+}
+
+/// The order of the unload steps (`CRANE_UNLOAD_ORDER`, experiment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// dlclose the vendor (destructors and unmapping), then what it loaded.
+    VendorFirst,
+    /// Pin the vendor, close what it loaded, then drop the pin (the vendor's
+    /// destructors run last, as at process exit).
+    LoadedFirst,
+    /// Pin the vendor, run its destructors, close what it loaded, then drop
+    /// the pin (unmapping it without running the destructors again).
+    FiniFirst,
+}
+
+fn order() -> Order {
+    match std::env::var("CRANE_UNLOAD_ORDER").as_deref() {
+        Ok("loaded-first") => Order::LoadedFirst,
+        Ok("fini-first") => Order::FiniFirst,
+        _ => Order::VendorFirst,
+    }
+}
+
+/// Diagnostics (`CRANE_UNLOAD_TRACE=1`): which threads have code of the
+/// vendor's libraries on their stacks at each step.
+struct Trace {
+    on: bool,
+    started: Instant,
+    code: Vec<(ObjectId, Range<usize>)>,
+}
+
+impl Trace {
+    fn new(started: Instant, attributed: &[ObjectId]) -> Trace {
+        let on = std::env::var_os("CRANE_UNLOAD_TRACE").is_some_and(|v| v != "0");
+        let code = if on {
+            objects::code_ranges(&attributed.iter().cloned().collect())
+        } else {
+            Vec::new()
+        };
+        Trace { on, started, code }
+    }
+
+    fn describe(&self, address: usize) -> String {
+        match self.code.iter().find(|(_, r)| r.contains(&address)) {
+            Some((id, _)) => format!(
+                "{}+{:#x}",
+                id.path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                address - id.base
+            ),
+            None => format!("{address:#x}"),
+        }
+    }
+
+    fn point(&self, label: &str) {
+        if !self.on {
+            return;
+        }
+        let ranges: Vec<Range<usize>> = self.code.iter().map(|(_, r)| r.clone()).collect();
+        let hits = stacks::threads_with_code_on_stack(&ranges, true);
+        let threads: Vec<String> = threads::vendor_threads_alive()
+            .iter()
+            .map(|t| format!("{:?}/{}", t.tid, t.name.as_deref().unwrap_or("?")))
+            .collect();
+        eprintln!(
+            "crane-unload-trace +{:.1}ms {label}: vendor threads [{}]",
+            self.started.elapsed().as_secs_f64() * 1e3,
+            threads.join(" ")
+        );
+        for hit in hits {
+            let words: Vec<String> = hit
+                .words
+                .iter()
+                .take(16)
+                .map(|&(offset, value)| format!("sp+{offset:#x}={}", self.describe(value)))
+                .collect();
+            eprintln!(
+                "crane-unload-trace   tid {} {} pc {} [{}]",
+                hit.tid,
+                hit.name,
+                hit.pc.map_or_else(|| "running".into(), |pc| self.describe(pc)),
+                words.join(" ")
+            );
+        }
+    }
+}
+
+extern "C" fn destructors_already_run() {}
+
+/// Runs the `DT_FINI_ARRAY` functions of the pinned vendor now, as glibc's
+/// `dlclose` would, and points their slots at a function that does nothing,
+/// so that the unmapping `dlclose` later does not run them again.
+fn run_destructors_early(vendor: &ObjectId, trace: &Trace) -> bool {
+    let Some(fini) = objects::fini_of(vendor) else {
+        return false;
+    };
+    if trace.on {
+        eprintln!(
+            "crane-unload-trace fini: {} array entries [{}], DT_FINI {}",
+            fini.array.len(),
+            fini.array
+                .iter()
+                .map(|&(_, f)| trace.describe(f))
+                .collect::<Vec<_>>()
+                .join(" "),
+            fini.dt_fini.map_or_else(|| "none".into(), |f| {
+                // SAFETY: the vendor is pinned, so its code is mapped.
+                let bytes = unsafe { std::slice::from_raw_parts(f as *const u8, 16) };
+                format!("{} {bytes:02x?}", trace.describe(f))
+            })
+        );
+    }
+    for &(_, function) in &fini.array {
+        if function == 0 || function == usize::MAX {
+            continue;
+        }
+        // SAFETY: a termination function of the vendor, called the way
+        // glibc calls it (no arguments), while the vendor is pinned.
+        let function: extern "C" fn() = unsafe { std::mem::transmute(function) };
+        function();
+    }
+    let slots: Vec<usize> = fini.array.iter().map(|&(slot, _)| slot).collect();
+    let changed = objects::rewrite_fini_slots(
+        vendor,
+        &slots,
+        destructors_already_run as *const () as usize,
+    );
+    changed == slots.len()
 }
 
 fn reasons(
@@ -281,6 +433,29 @@ pub(crate) fn unload(
         .map(|h| h.target.clone())
         .collect();
 
+    let trace = Trace::new(started, &attributed);
+    let order = order();
+    let pin = if order == Order::VendorFirst {
+        None
+    } else {
+        let c_path = CString::new(path.as_os_str().as_bytes()).ok();
+        // SAFETY: path is NUL-terminated; RTLD_NOLOAD only adds a reference
+        // to the loaded vendor.
+        c_path.and_then(|c| {
+            NonNull::new(unsafe {
+                libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+            })
+        })
+    };
+    if trace.on {
+        eprintln!("crane-unload-trace order {order:?}, pinned {}", pin.is_some());
+    }
+    if order == Order::FiniFirst && pin.is_some() {
+        let ok = run_destructors_early(vendor, &trace);
+        trace.point(&format!("after running the vendor's destructors (slots rewritten: {ok})"));
+    } else {
+        trace.point("before the vendor's dlclose");
+    }
     // SAFETY: the handle from open, closed exactly once (close consumes the
     // VendorLibrary); the caller has released every object of the vendor.
     if unsafe { libc::dlclose(handle.as_ptr()) } != 0 {
@@ -289,6 +464,7 @@ pub(crate) fn unload(
             message: dl_error(),
         });
     }
+    trace.point("after the vendor's dlclose");
 
     let mut report = UnloadReport {
         vendor: path.to_path_buf(),
@@ -304,6 +480,33 @@ pub(crate) fn unload(
         elapsed: Duration::ZERO,
     };
     let mut failures = HashMap::new();
+    if let Some(pin) = pin {
+        close_handles(&mut report, &mut failures, Some(vendor));
+        let loaded = objects::loaded_ids();
+        let nodelete: HashSet<ObjectId> = objects::facts(&loaded)
+            .into_iter()
+            .filter(|f| f.nodelete_flag || f.unique_symbols)
+            .map(|f| f.id)
+            .collect();
+        for id in attributed.iter().rev() {
+            if id != vendor
+                && loaded.contains(id)
+                && !opened_nodelete.contains(id)
+                && !nodelete.contains(id)
+                && !id.path.as_os_str().is_empty()
+            {
+                drop_untracked_references(id, &mut report);
+            }
+        }
+        trace.point("after closing what the vendor loaded");
+        threads::wait_for_vendor_threads(policy.thread_exit_timeout);
+        trace.point("after waiting for vendor threads");
+        // SAFETY: the reference taken above, dropped once.
+        if unsafe { libc::dlclose(pin.as_ptr()) } != 0 {
+            log::warn!("dlclose of the pinned vendor failed: {}", dl_error());
+        }
+        trace.point("after dropping the pin");
+    }
     let vendor_gone = !is_loaded(vendor);
     if vendor_gone {
         // Threads the vendor stopped in its destructors may need a moment to
@@ -374,12 +577,19 @@ pub(crate) fn unload(
         .filter(|id| !loaded_before.contains(id) && !attributed.contains(id))
         .map(|id| id.path.clone())
         .collect();
-    tracker::lock().forget_unloaded(&loaded);
+    {
+        let mut tracker = tracker::lock();
+        tracker.forget_unloaded(&loaded);
+        if vendor_gone {
+            tracker.closed_for_vendor.clear();
+        }
+    }
 
     report.device_fds_closed = residue::close_device_fds(policy)?;
     report.device_mappings_unmapped = residue::unmap_device_mappings(policy)?;
     report.vendor_threads_alive = threads::vendor_threads_alive();
     report.elapsed = started.elapsed();
+    trace.point("at the end of unloading");
     log::info!(
         "Unloaded {} in {:?}: {} libraries closed, {} still mapped, {} device descriptors closed, {} device mappings unmapped, {} vendor threads still running.",
         path.display(),
