@@ -37,6 +37,7 @@
 mod objects;
 mod residue;
 mod stacks;
+mod termination;
 mod threads;
 mod tracker;
 mod unload;

@@ -110,39 +110,48 @@ impl<'a> Image<'a> {
             .collect()
     }
 
-    /// Its termination functions as glibc's `dlclose` would call them: the
-    /// `DT_FINI_ARRAY` slots (addresses of the entries, in the order glibc
-    /// calls them, last entry first) and the `DT_FINI` function.
-    pub fn fini(&self) -> Fini {
-        let mut fini = Fini::default();
-        let Some(segment) = self.phdrs.iter().find(|p| p.p_type == PT_DYNAMIC) else {
-            return fini;
-        };
+    /// The slot through which glibc's `dlclose` calls the object's last
+    /// termination function: glibc calls the `DT_FINI_ARRAY` entries from
+    /// the end of the array, then the `DT_FINI` function, whose address it
+    /// reads from the object's dynamic section at that moment. So: the
+    /// `DT_FINI` entry's value, else the array's first entry.
+    pub fn termination_slot(&self) -> Option<TerminationSlot> {
+        let segment = self.phdrs.iter().find(|p| p.p_type == PT_DYNAMIC)?;
         let start = self.base.wrapping_add(segment.p_vaddr as usize);
         let count = segment.p_memsz as usize / size_of::<Dyn>();
-        let (mut array, mut size) = (None, 0);
+        let (mut array, mut size, mut fini) = (None, 0, None);
         for index in 0..count {
-            let Some(entry) = self.read::<Dyn>(start + index * size_of::<Dyn>()) else {
-                break;
-            };
+            let address = start + index * size_of::<Dyn>();
+            let entry: Dyn = self.read(address)?;
             match entry.d_tag {
                 DT_NULL => break,
                 DT_FINI_ARRAY => array = self.absolute(entry.d_val),
                 DT_FINI_ARRAYSZ => size = entry.d_val as usize,
-                DT_FINI => fini.dt_fini = self.absolute(entry.d_val),
+                // d_val follows the 8-byte d_tag.
+                DT_FINI => fini = Some((address + size_of::<u64>(), entry.d_val as usize)),
                 _ => {}
             }
         }
-        if let Some(array) = array {
-            let entries = size / size_of::<usize>();
-            for index in (0..entries).rev() {
-                let slot = array + index * size_of::<usize>();
-                if let Some(function) = self.read::<usize>(slot) {
-                    fini.array.push((slot, function));
-                }
-            }
+        if let Some((slot, value)) = fini {
+            // glibc calls l_addr + d_ptr; the entry is never relocated.
+            return Some(TerminationSlot {
+                slot,
+                value,
+                function: self.base.wrapping_add(value),
+                relative: true,
+            });
         }
-        fini
+        if size < size_of::<usize>() {
+            return None;
+        }
+        let slot = array?;
+        let value = self.read::<usize>(slot)?;
+        Some(TerminationSlot {
+            slot,
+            value,
+            function: value,
+            relative: false,
+        })
     }
 
     fn load_segments(&self) -> impl Iterator<Item = &libc::Elf64_Phdr> {
@@ -452,21 +461,26 @@ impl<'a> Image<'a> {
     }
 }
 
-/// The termination functions of an object, see [`Image::fini`].
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Fini {
-    /// (slot address, function) of each `DT_FINI_ARRAY` entry, in calling
-    /// order.
-    pub array: Vec<(usize, usize)>,
-    pub dt_fini: Option<usize>,
+/// See [`Image::termination_slot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TerminationSlot {
+    /// Where the pointer lies.
+    pub slot: usize,
+    /// What it holds now.
+    pub value: usize,
+    /// The function it designates.
+    pub function: usize,
+    /// Whether the slot holds an offset from the object's base (`DT_FINI`)
+    /// rather than an address.
+    pub relative: bool,
 }
 
-/// The termination functions of the loaded object `id`.
-pub(crate) fn fini_of(id: &ObjectId) -> Option<Fini> {
+/// The termination slot of the loaded object `id`, with the object's base.
+pub(crate) fn termination_slot(id: &ObjectId) -> Option<TerminationSlot> {
     let mut out = None;
     for_each_object(|image| {
         if image.id() == *id {
-            out = Some(image.fini());
+            out = image.termination_slot();
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
@@ -474,25 +488,22 @@ pub(crate) fn fini_of(id: &ObjectId) -> Option<Fini> {
     out
 }
 
-/// Points the given `DT_FINI_ARRAY` slots of the loaded object `id` at
-/// `function`; returns how many were changed.
-pub(crate) fn rewrite_fini_slots(id: &ObjectId, slots: &[usize], function: usize) -> usize {
+/// Stores `value` in the pointer-sized `slot` of the loaded object `id`
+/// (through its RELRO protection if need be); whether it was stored.
+pub(crate) fn write_slot(id: &ObjectId, slot: usize, value: usize) -> bool {
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    let mut changed = 0;
+    let mut written = false;
     for_each_object(|image| {
         if image.id() == *id {
             let relro = image.relro_pages(page);
-            for &slot in slots {
-                if image.write_slot(slot, function, relro.as_ref(), page) {
-                    changed += 1;
-                }
-            }
+            written = image.write_slot(slot, value, relro.as_ref(), page)
+                || image.read::<usize>(slot) == Some(value);
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
     });
-    changed
+    written
 }
 
 /// The executable ranges of the loaded objects in `ids`, with their ids.

@@ -38,7 +38,10 @@ fn sp_pc(tid: libc::pid_t) -> Option<(usize, usize)> {
         return None;
     }
     let hex = |s: &str| usize::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    Some((hex(fields[fields.len() - 2])?, hex(fields[fields.len() - 1])?))
+    Some((
+        hex(fields[fields.len() - 2])?,
+        hex(fields[fields.len() - 1])?,
+    ))
 }
 
 /// The end of the mapping that contains `address`.
@@ -152,7 +155,8 @@ mod tests {
         ready_rx.recv().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         // The test binary's own code: the blocked thread returns into it.
-        let here = a_thread_blocked_below_a_function_has_its_return_address_found as usize;
+        let here =
+            a_thread_blocked_below_a_function_has_its_return_address_found as *const () as usize;
         let own = crate::objects::object_containing(here).expect("the test binary is loaded");
         let ranges: Vec<Range<usize>> =
             crate::objects::code_ranges(&std::iter::once(own).collect())

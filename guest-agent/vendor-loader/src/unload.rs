@@ -4,8 +4,8 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, c_void};
 use std::fmt;
-use std::os::unix::ffi::OsStrExt;
 use std::ops::Range;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use crate::objects::{self, ObjectFacts, ObjectId};
 use crate::residue::{self, DeviceFd, DeviceMapping, DevicePolicy};
 use crate::stacks;
+use crate::termination;
 use crate::threads::{self, VendorThread};
 use crate::tracker::{self, HandleEntry};
 use crate::{UnloadError, dl_error};
@@ -44,6 +45,10 @@ pub struct UnloadReport {
     pub references_dropped: Vec<PathBuf>,
     pub device_fds_closed: Vec<DeviceFd>,
     pub device_mappings_unmapped: Vec<DeviceMapping>,
+    /// Threads whose start routine lies in the vendor library itself and
+    /// that were still running when glibc was about to unmap it: they were
+    /// cancelled (and waited for, up to the policy's thread timeout) first.
+    pub vendor_threads_cancelled: Vec<VendorThread>,
     /// Threads started by vendor code that still run.
     pub vendor_threads_alive: Vec<VendorThread>,
     pub elapsed: Duration,
@@ -127,18 +132,6 @@ fn handle_of(entry: &HandleEntry) -> *mut c_void {
 /// Closes, latest first, the handles the vendor closed itself and those it
 /// left open whose opener is gone, until no more can be closed.
 fn close_vendor_handles(report: &mut UnloadReport, failures: &mut HashMap<ObjectId, String>) {
-    close_handles(report, failures, None);
-}
-
-/// With `still_mapped_vendor`, closes every handle the vendor opened (other
-/// than to itself), whoever opened it and whatever runs in it: the vendor's
-/// code is pinned and its own objects are released, so what it loaded goes
-/// first.
-fn close_handles(
-    report: &mut UnloadReport,
-    failures: &mut HashMap<ObjectId, String>,
-    still_mapped_vendor: Option<&ObjectId>,
-) {
     'rescan: loop {
         let entries = tracker::lock().handles.clone();
         let loaded = objects::loaded_ids();
@@ -148,22 +141,13 @@ fn close_handles(
                 .opener
                 .as_ref()
                 .is_none_or(|opener| *opener == entry.target || !loaded.contains(opener));
-            let eligible = match still_mapped_vendor {
-                Some(vendor) => entry.target != *vendor,
-                None => {
-                    (entry.closed_by_vendor || opener_gone) && !running.contains_key(&entry.target)
-                }
-            };
-            if !loaded.contains(&entry.target) || !eligible {
+            if !loaded.contains(&entry.target)
+                || !(entry.closed_by_vendor || opener_gone)
+                || running.contains_key(&entry.target)
+            {
                 continue;
             }
-            {
-                let mut tracker = tracker::lock();
-                tracker.handles.retain(|h| h.serial != entry.serial);
-                if still_mapped_vendor.is_some() && !entry.closed_by_vendor {
-                    tracker.closed_for_vendor.push(entry.handle);
-                }
-            }
+            tracker::lock().handles.retain(|h| h.serial != entry.serial);
             // SAFETY: the handle came from a successful dlopen by the vendor,
             // its object is still loaded (so the handle is not stale), and
             // nobody but the unloaded vendor was meant to use it.
@@ -226,27 +210,6 @@ fn drop_untracked_references(id: &ObjectId, report: &mut UnloadReport) {
     }
 }
 
-/// The order of the unload steps (`CRANE_UNLOAD_ORDER`, experiment).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Order {
-    /// dlclose the vendor (destructors and unmapping), then what it loaded.
-    VendorFirst,
-    /// Pin the vendor, close what it loaded, then drop the pin (the vendor's
-    /// destructors run last, as at process exit).
-    LoadedFirst,
-    /// Pin the vendor, run its destructors, close what it loaded, then drop
-    /// the pin (unmapping it without running the destructors again).
-    FiniFirst,
-}
-
-fn order() -> Order {
-    match std::env::var("CRANE_UNLOAD_ORDER").as_deref() {
-        Ok("loaded-first") => Order::LoadedFirst,
-        Ok("fini-first") => Order::FiniFirst,
-        _ => Order::VendorFirst,
-    }
-}
-
 /// Diagnostics (`CRANE_UNLOAD_TRACE=1`): which threads have code of the
 /// vendor's libraries on their stacks at each step.
 struct Trace {
@@ -305,54 +268,12 @@ impl Trace {
                 "crane-unload-trace   tid {} {} pc {} [{}]",
                 hit.tid,
                 hit.name,
-                hit.pc.map_or_else(|| "running".into(), |pc| self.describe(pc)),
+                hit.pc
+                    .map_or_else(|| "running".into(), |pc| self.describe(pc)),
                 words.join(" ")
             );
         }
     }
-}
-
-extern "C" fn destructors_already_run() {}
-
-/// Runs the `DT_FINI_ARRAY` functions of the pinned vendor now, as glibc's
-/// `dlclose` would, and points their slots at a function that does nothing,
-/// so that the unmapping `dlclose` later does not run them again.
-fn run_destructors_early(vendor: &ObjectId, trace: &Trace) -> bool {
-    let Some(fini) = objects::fini_of(vendor) else {
-        return false;
-    };
-    if trace.on {
-        eprintln!(
-            "crane-unload-trace fini: {} array entries [{}], DT_FINI {}",
-            fini.array.len(),
-            fini.array
-                .iter()
-                .map(|&(_, f)| trace.describe(f))
-                .collect::<Vec<_>>()
-                .join(" "),
-            fini.dt_fini.map_or_else(|| "none".into(), |f| {
-                // SAFETY: the vendor is pinned, so its code is mapped.
-                let bytes = unsafe { std::slice::from_raw_parts(f as *const u8, 16) };
-                format!("{} {bytes:02x?}", trace.describe(f))
-            })
-        );
-    }
-    for &(_, function) in &fini.array {
-        if function == 0 || function == usize::MAX {
-            continue;
-        }
-        // SAFETY: a termination function of the vendor, called the way
-        // glibc calls it (no arguments), while the vendor is pinned.
-        let function: extern "C" fn() = unsafe { std::mem::transmute(function) };
-        function();
-    }
-    let slots: Vec<usize> = fini.array.iter().map(|&(slot, _)| slot).collect();
-    let changed = objects::rewrite_fini_slots(
-        vendor,
-        &slots,
-        destructors_already_run as *const () as usize,
-    );
-    changed == slots.len()
 }
 
 fn reasons(
@@ -434,28 +355,11 @@ pub(crate) fn unload(
         .collect();
 
     let trace = Trace::new(started, &attributed);
-    let order = order();
-    let pin = if order == Order::VendorFirst {
-        None
-    } else {
-        let c_path = CString::new(path.as_os_str().as_bytes()).ok();
-        // SAFETY: path is NUL-terminated; RTLD_NOLOAD only adds a reference
-        // to the loaded vendor.
-        c_path.and_then(|c| {
-            NonNull::new(unsafe {
-                libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
-            })
-        })
-    };
-    if trace.on {
-        eprintln!("crane-unload-trace order {order:?}, pinned {}", pin.is_some());
-    }
-    if order == Order::FiniFirst && pin.is_some() {
-        let ok = run_destructors_early(vendor, &trace);
-        trace.point(&format!("after running the vendor's destructors (slots rewritten: {ok})"));
-    } else {
-        trace.point("before the vendor's dlclose");
-    }
+    trace.point("before the vendor's dlclose");
+    // Threads the vendor started and never stops must end before glibc
+    // unmaps it (termination.rs); when it is not unmapped, they live on.
+    let hooked =
+        termination::needed(vendor) && termination::arm(vendor, policy.thread_exit_timeout);
     // SAFETY: the handle from open, closed exactly once (close consumes the
     // VendorLibrary); the caller has released every object of the vendor.
     if unsafe { libc::dlclose(handle.as_ptr()) } != 0 {
@@ -463,6 +367,17 @@ pub(crate) fn unload(
             path: path.to_path_buf(),
             message: dl_error(),
         });
+    }
+    let outcome = if hooked {
+        termination::disarm()
+    } else {
+        termination::Outcome::default()
+    };
+    if trace.on && hooked {
+        eprintln!(
+            "crane-unload-trace termination hook: fired {}, cancelled {:?}, still running {:?}",
+            outcome.fired, outcome.cancelled, outcome.still_running
+        );
     }
     trace.point("after the vendor's dlclose");
 
@@ -476,37 +391,11 @@ pub(crate) fn unload(
         references_dropped: Vec::new(),
         device_fds_closed: Vec::new(),
         device_mappings_unmapped: Vec::new(),
+        vendor_threads_cancelled: outcome.cancelled,
         vendor_threads_alive: Vec::new(),
         elapsed: Duration::ZERO,
     };
     let mut failures = HashMap::new();
-    if let Some(pin) = pin {
-        close_handles(&mut report, &mut failures, Some(vendor));
-        let loaded = objects::loaded_ids();
-        let nodelete: HashSet<ObjectId> = objects::facts(&loaded)
-            .into_iter()
-            .filter(|f| f.nodelete_flag || f.unique_symbols)
-            .map(|f| f.id)
-            .collect();
-        for id in attributed.iter().rev() {
-            if id != vendor
-                && loaded.contains(id)
-                && !opened_nodelete.contains(id)
-                && !nodelete.contains(id)
-                && !id.path.as_os_str().is_empty()
-            {
-                drop_untracked_references(id, &mut report);
-            }
-        }
-        trace.point("after closing what the vendor loaded");
-        threads::wait_for_vendor_threads(policy.thread_exit_timeout);
-        trace.point("after waiting for vendor threads");
-        // SAFETY: the reference taken above, dropped once.
-        if unsafe { libc::dlclose(pin.as_ptr()) } != 0 {
-            log::warn!("dlclose of the pinned vendor failed: {}", dl_error());
-        }
-        trace.point("after dropping the pin");
-    }
     let vendor_gone = !is_loaded(vendor);
     if vendor_gone {
         // Threads the vendor stopped in its destructors may need a moment to
@@ -577,13 +466,7 @@ pub(crate) fn unload(
         .filter(|id| !loaded_before.contains(id) && !attributed.contains(id))
         .map(|id| id.path.clone())
         .collect();
-    {
-        let mut tracker = tracker::lock();
-        tracker.forget_unloaded(&loaded);
-        if vendor_gone {
-            tracker.closed_for_vendor.clear();
-        }
-    }
+    tracker::lock().forget_unloaded(&loaded);
 
     report.device_fds_closed = residue::close_device_fds(policy)?;
     report.device_mappings_unmapped = residue::unmap_device_mappings(policy)?;
@@ -591,13 +474,14 @@ pub(crate) fn unload(
     report.elapsed = started.elapsed();
     trace.point("at the end of unloading");
     log::info!(
-        "Unloaded {} in {:?}: {} libraries closed, {} still mapped, {} device descriptors closed, {} device mappings unmapped, {} vendor threads still running.",
+        "Unloaded {} in {:?}: {} libraries closed, {} still mapped, {} device descriptors closed, {} device mappings unmapped, {} vendor threads cancelled, {} still running.",
         path.display(),
         report.elapsed,
         report.libraries_closed.len(),
         report.libraries_still_mapped.len(),
         report.device_fds_closed.len(),
         report.device_mappings_unmapped.len(),
+        report.vendor_threads_cancelled.len(),
         report.vendor_threads_alive.len()
     );
     Ok(report)
