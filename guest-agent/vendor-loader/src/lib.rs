@@ -36,6 +36,8 @@
 
 mod objects;
 mod residue;
+mod stacks;
+mod termination;
 mod threads;
 mod tracker;
 mod unload;

@@ -16,7 +16,8 @@ use goblin::elf::dynamic::{
     DF_1_NODELETE, DT_FLAGS_1, DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NEEDED, DT_NULL, DT_PLTREL,
     DT_PLTRELSZ, DT_RELA, DT_RELASZ, DT_SONAME, DT_STRSZ, DT_STRTAB, DT_SYMTAB,
 };
-use goblin::elf::program_header::{PF_W, PT_DYNAMIC, PT_GNU_RELRO, PT_LOAD};
+use goblin::elf::dynamic::{DT_FINI, DT_FINI_ARRAY, DT_FINI_ARRAYSZ};
+use goblin::elf::program_header::{PF_W, PF_X, PT_DYNAMIC, PT_GNU_RELRO, PT_LOAD};
 use goblin::elf::section_header::SHN_UNDEF;
 use goblin::elf::sym::STB_GNU_UNIQUE;
 use goblin::elf64::dynamic::Dyn;
@@ -96,6 +97,61 @@ impl<'a> Image<'a> {
 
     pub fn path(&self) -> &Path {
         Path::new(OsStr::from_bytes(self.name.to_bytes()))
+    }
+
+    /// The address ranges of its executable segments.
+    pub fn code_ranges(&self) -> Vec<Range<usize>> {
+        self.load_segments()
+            .filter(|p| p.p_flags & PF_X != 0)
+            .map(|p| {
+                let start = self.base.wrapping_add(p.p_vaddr as usize);
+                start..start.wrapping_add(p.p_memsz as usize)
+            })
+            .collect()
+    }
+
+    /// The slot through which glibc's `dlclose` calls the object's last
+    /// termination function: glibc calls the `DT_FINI_ARRAY` entries from
+    /// the end of the array, then the `DT_FINI` function, whose address it
+    /// reads from the object's dynamic section at that moment. So: the
+    /// `DT_FINI` entry's value, else the array's first entry.
+    pub fn termination_slot(&self) -> Option<TerminationSlot> {
+        let segment = self.phdrs.iter().find(|p| p.p_type == PT_DYNAMIC)?;
+        let start = self.base.wrapping_add(segment.p_vaddr as usize);
+        let count = segment.p_memsz as usize / size_of::<Dyn>();
+        let (mut array, mut size, mut fini) = (None, 0, None);
+        for index in 0..count {
+            let address = start + index * size_of::<Dyn>();
+            let entry: Dyn = self.read(address)?;
+            match entry.d_tag {
+                DT_NULL => break,
+                DT_FINI_ARRAY => array = self.absolute(entry.d_val),
+                DT_FINI_ARRAYSZ => size = entry.d_val as usize,
+                // d_val follows the 8-byte d_tag.
+                DT_FINI => fini = Some((address + size_of::<u64>(), entry.d_val as usize)),
+                _ => {}
+            }
+        }
+        if let Some((slot, value)) = fini {
+            // glibc calls l_addr + d_ptr; the entry is never relocated.
+            return Some(TerminationSlot {
+                slot,
+                value,
+                function: self.base.wrapping_add(value),
+                relative: true,
+            });
+        }
+        if size < size_of::<usize>() {
+            return None;
+        }
+        let slot = array?;
+        let value = self.read::<usize>(slot)?;
+        Some(TerminationSlot {
+            slot,
+            value,
+            function: value,
+            relative: false,
+        })
     }
 
     fn load_segments(&self) -> impl Iterator<Item = &libc::Elf64_Phdr> {
@@ -403,6 +459,66 @@ impl<'a> Image<'a> {
         }
         true
     }
+}
+
+/// See [`Image::termination_slot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TerminationSlot {
+    /// Where the pointer lies.
+    pub slot: usize,
+    /// What it holds now.
+    pub value: usize,
+    /// The function it designates.
+    pub function: usize,
+    /// Whether the slot holds an offset from the object's base (`DT_FINI`)
+    /// rather than an address.
+    pub relative: bool,
+}
+
+/// The termination slot of the loaded object `id`, with the object's base.
+pub(crate) fn termination_slot(id: &ObjectId) -> Option<TerminationSlot> {
+    let mut out = None;
+    for_each_object(|image| {
+        if image.id() == *id {
+            out = image.termination_slot();
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    out
+}
+
+/// Stores `value` in the pointer-sized `slot` of the loaded object `id`
+/// (through its RELRO protection if need be); whether it was stored.
+pub(crate) fn write_slot(id: &ObjectId, slot: usize, value: usize) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+    let mut written = false;
+    for_each_object(|image| {
+        if image.id() == *id {
+            let relro = image.relro_pages(page);
+            written = image.write_slot(slot, value, relro.as_ref(), page)
+                || image.read::<usize>(slot) == Some(value);
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    written
+}
+
+/// The executable ranges of the loaded objects in `ids`, with their ids.
+pub(crate) fn code_ranges(ids: &HashSet<ObjectId>) -> Vec<(ObjectId, Range<usize>)> {
+    let mut out = Vec::new();
+    for_each_object(|image| {
+        let id = image.id();
+        if ids.contains(&id) {
+            for range in image.code_ranges() {
+                out.push((id.clone(), range));
+            }
+        }
+        ControlFlow::Continue(())
+    });
+    out
 }
 
 /// Calls `visit` for each loaded object, in link-map order, under the loader

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::objects::ObjectId;
 use crate::tracker::{self, Task};
 
 /// A thread started by vendor code that is still running.
@@ -90,6 +91,62 @@ pub(crate) fn wait_for_vendor_threads(timeout: Duration) -> Vec<VendorThread> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+unsafe extern "C" {
+    /// Not declared by the libc crate for glibc targets.
+    fn pthread_cancel(thread: libc::pthread_t) -> libc::c_int;
+}
+
+/// Cancels the running threads whose start routine lies in `object` and
+/// waits until they have ended or `timeout` has passed. Returns the threads
+/// cancelled (as they were before) and those still running afterwards.
+///
+/// Meant for threads that a vendor starts and never stops, blocked in a
+/// cancellation point (poll, sem_wait, pthread_cond_wait...) inside its code
+/// when it is about to be unmapped: cancelled, such a thread unwinds out of
+/// the vendor's code and ends, instead of returning into unmapped code.
+pub(crate) fn cancel_threads(
+    object: &ObjectId,
+    timeout: Duration,
+) -> (Vec<VendorThread>, Vec<VendorThread>) {
+    let targets: Vec<_> = tracker::lock()
+        .threads
+        .iter()
+        .filter(|t| t.start_object.as_ref() == Some(object))
+        .filter_map(|t| Some((t.task?, t.pthread?, t.start_object.clone())))
+        .collect();
+    let mut cancelled = Vec::new();
+    for (task, pthread, start) in targets {
+        if !is_running(task) {
+            continue;
+        }
+        let thread = VendorThread {
+            tid: Some(task.tid),
+            name: thread_name(task.tid),
+            start_library: start.map(|o| o.path),
+        };
+        // SAFETY: the thread still runs (checked just above through its tid
+        // and start time), so its pthread_t is valid; the thread belongs to
+        // the vendor library that is being unloaded, and nothing will call
+        // into that library again.
+        let rc = unsafe { pthread_cancel(pthread) };
+        if rc == 0 {
+            cancelled.push((task, thread));
+        } else {
+            log::warn!("pthread_cancel of vendor thread {} failed: {rc}.", task.tid);
+        }
+    }
+    let deadline = Instant::now() + timeout;
+    while cancelled.iter().any(|(task, _)| is_running(*task)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let still: Vec<VendorThread> = cancelled
+        .iter()
+        .filter(|(task, _)| is_running(*task))
+        .map(|(_, t)| t.clone())
+        .collect();
+    (cancelled.into_iter().map(|(_, t)| t).collect(), still)
 }
 
 #[cfg(test)]

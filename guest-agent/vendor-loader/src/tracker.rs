@@ -41,6 +41,8 @@ pub(crate) struct ThreadEntry {
     pub task: Option<Task>,
     /// The object that holds the thread's start routine.
     pub start_object: Option<ObjectId>,
+    /// The thread's `pthread_t`, filled in with `task`.
+    pub pthread: Option<libc::pthread_t>,
 }
 
 /// A kernel task, identified across tid reuse by its start time (when
@@ -308,6 +310,7 @@ unsafe extern "C" fn hooked_pthread_create(
             serial: next,
             task: None,
             start_object,
+            pthread: None,
         });
         serial = Some(next);
     });
@@ -340,12 +343,16 @@ extern "C" fn vendor_thread_main(payload: *mut c_void) -> *mut c_void {
         *unsafe { Box::from_raw(payload.cast::<ThreadStart>()) };
     bookkeeping("thread start", || {
         let task = crate::threads::current_task();
+        // SAFETY: pthread_self has no preconditions.
+        let pthread = unsafe { libc::pthread_self() };
         if let Some(entry) = lock().threads.iter_mut().find(|t| t.serial == serial) {
             entry.task = Some(task);
+            entry.pthread = Some(pthread);
         }
     });
     // Nothing with a destructor is alive here: if the vendor ends the thread
-    // with pthread_exit, the forced unwind crosses a plain frame.
+    // with pthread_exit, or unloading cancels it (threads::cancel_threads),
+    // the forced unwind crosses a plain frame.
     // SAFETY: the vendor's start routine and argument, as it passed them.
     unsafe { start(arg) }
 }

@@ -4,6 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ffi::{CString, c_void};
 use std::fmt;
+use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::objects::{self, ObjectFacts, ObjectId};
 use crate::residue::{self, DeviceFd, DeviceMapping, DevicePolicy};
+use crate::stacks;
+use crate::termination;
 use crate::threads::{self, VendorThread};
 use crate::tracker::{self, HandleEntry};
 use crate::{UnloadError, dl_error};
@@ -42,6 +45,10 @@ pub struct UnloadReport {
     pub references_dropped: Vec<PathBuf>,
     pub device_fds_closed: Vec<DeviceFd>,
     pub device_mappings_unmapped: Vec<DeviceMapping>,
+    /// Threads whose start routine lies in the vendor library itself and
+    /// that were still running when glibc was about to unmap it: they were
+    /// cancelled (and waited for, up to the policy's thread timeout) first.
+    pub vendor_threads_cancelled: Vec<VendorThread>,
     /// Threads started by vendor code that still run.
     pub vendor_threads_alive: Vec<VendorThread>,
     pub elapsed: Duration,
@@ -203,6 +210,72 @@ fn drop_untracked_references(id: &ObjectId, report: &mut UnloadReport) {
     }
 }
 
+/// Diagnostics (`CRANE_UNLOAD_TRACE=1`): which threads have code of the
+/// vendor's libraries on their stacks at each step.
+struct Trace {
+    on: bool,
+    started: Instant,
+    code: Vec<(ObjectId, Range<usize>)>,
+}
+
+impl Trace {
+    fn new(started: Instant, attributed: &[ObjectId]) -> Trace {
+        let on = std::env::var_os("CRANE_UNLOAD_TRACE").is_some_and(|v| v != "0");
+        let code = if on {
+            objects::code_ranges(&attributed.iter().cloned().collect())
+        } else {
+            Vec::new()
+        };
+        Trace { on, started, code }
+    }
+
+    fn describe(&self, address: usize) -> String {
+        match self.code.iter().find(|(_, r)| r.contains(&address)) {
+            Some((id, _)) => format!(
+                "{}+{:#x}",
+                id.path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                address - id.base
+            ),
+            None => format!("{address:#x}"),
+        }
+    }
+
+    fn point(&self, label: &str) {
+        if !self.on {
+            return;
+        }
+        let ranges: Vec<Range<usize>> = self.code.iter().map(|(_, r)| r.clone()).collect();
+        let hits = stacks::threads_with_code_on_stack(&ranges, true);
+        let threads: Vec<String> = threads::vendor_threads_alive()
+            .iter()
+            .map(|t| format!("{:?}/{}", t.tid, t.name.as_deref().unwrap_or("?")))
+            .collect();
+        eprintln!(
+            "crane-unload-trace +{:.1}ms {label}: vendor threads [{}]",
+            self.started.elapsed().as_secs_f64() * 1e3,
+            threads.join(" ")
+        );
+        for hit in hits {
+            let words: Vec<String> = hit
+                .words
+                .iter()
+                .take(16)
+                .map(|&(offset, value)| format!("sp+{offset:#x}={}", self.describe(value)))
+                .collect();
+            eprintln!(
+                "crane-unload-trace   tid {} {} pc {} [{}]",
+                hit.tid,
+                hit.name,
+                hit.pc
+                    .map_or_else(|| "running".into(), |pc| self.describe(pc)),
+                words.join(" ")
+            );
+        }
+    }
+}
+
 fn reasons(
     id: &ObjectId,
     facts: &[ObjectFacts],
@@ -281,6 +354,12 @@ pub(crate) fn unload(
         .map(|h| h.target.clone())
         .collect();
 
+    let trace = Trace::new(started, &attributed);
+    trace.point("before the vendor's dlclose");
+    // Threads the vendor started and never stops must end before glibc
+    // unmaps it (termination.rs); when it is not unmapped, they live on.
+    let hooked =
+        termination::needed(vendor) && termination::arm(vendor, policy.thread_exit_timeout);
     // SAFETY: the handle from open, closed exactly once (close consumes the
     // VendorLibrary); the caller has released every object of the vendor.
     if unsafe { libc::dlclose(handle.as_ptr()) } != 0 {
@@ -289,6 +368,18 @@ pub(crate) fn unload(
             message: dl_error(),
         });
     }
+    let outcome = if hooked {
+        termination::disarm()
+    } else {
+        termination::Outcome::default()
+    };
+    if trace.on && hooked {
+        eprintln!(
+            "crane-unload-trace termination hook: fired {}, cancelled {:?}, still running {:?}",
+            outcome.fired, outcome.cancelled, outcome.still_running
+        );
+    }
+    trace.point("after the vendor's dlclose");
 
     let mut report = UnloadReport {
         vendor: path.to_path_buf(),
@@ -300,6 +391,7 @@ pub(crate) fn unload(
         references_dropped: Vec::new(),
         device_fds_closed: Vec::new(),
         device_mappings_unmapped: Vec::new(),
+        vendor_threads_cancelled: outcome.cancelled,
         vendor_threads_alive: Vec::new(),
         elapsed: Duration::ZERO,
     };
@@ -380,14 +472,16 @@ pub(crate) fn unload(
     report.device_mappings_unmapped = residue::unmap_device_mappings(policy)?;
     report.vendor_threads_alive = threads::vendor_threads_alive();
     report.elapsed = started.elapsed();
+    trace.point("at the end of unloading");
     log::info!(
-        "Unloaded {} in {:?}: {} libraries closed, {} still mapped, {} device descriptors closed, {} device mappings unmapped, {} vendor threads still running.",
+        "Unloaded {} in {:?}: {} libraries closed, {} still mapped, {} device descriptors closed, {} device mappings unmapped, {} vendor threads cancelled, {} still running.",
         path.display(),
         report.elapsed,
         report.libraries_closed.len(),
         report.libraries_still_mapped.len(),
         report.device_fds_closed.len(),
         report.device_mappings_unmapped.len(),
+        report.vendor_threads_cancelled.len(),
         report.vendor_threads_alive.len()
     );
     Ok(report)

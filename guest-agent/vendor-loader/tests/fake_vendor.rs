@@ -161,6 +161,74 @@ fn unloads_everything_the_vendor_left_behind_twenty_times() {
 }
 
 #[test]
+fn cancels_threads_the_vendor_never_stops_before_it_is_unmapped() {
+    let fixtures = fixtures();
+    if in_own_process(
+        "cancels_threads_the_vendor_never_stops_before_it_is_unmapped",
+        &[],
+    ) {
+        return;
+    }
+    let device = FakeDevice::new("lingering");
+    let policy = policy(&device, Duration::from_secs(2));
+    for cycle in 0..3 {
+        let library = open_and_start(&fixtures.vendor, &device);
+        let start_lingering: IntFn = function(&library, c"vendor_start_lingering_threads");
+        // SAFETY: vendor_start_lingering_threads(void).
+        assert_eq!(unsafe { start_lingering.unwrap()() }, 0);
+        wait_for_vendor_threads(3);
+        release(&library);
+
+        let report = library.close(&policy).unwrap();
+
+        // The worker its destructor stops is joined there; the two it never
+        // stops were cancelled before glibc unmapped it.
+        assert_eq!(
+            report.vendor_threads_cancelled.len(),
+            2,
+            "cycle {cycle}: {report:#?}"
+        );
+        assert!(
+            report
+                .vendor_threads_cancelled
+                .iter()
+                .all(|t| t.start_library.as_ref() == Some(&fixtures.vendor)),
+            "{report:#?}"
+        );
+        assert!(report.vendor_threads_alive.is_empty(), "{report:#?}");
+        assert!(
+            report.libraries_closed.contains(&fixtures.vendor),
+            "{report:#?}"
+        );
+        assert!(!is_loaded(&fixtures.vendor));
+        assert!(device_residue(&policy).unwrap().is_empty());
+        // A polling thread left behind would have returned into the
+        // unmapped code by now (its poll times out every 5 ms).
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(vendor_threads_alive().is_empty());
+    }
+}
+
+#[test]
+fn a_vendor_without_lingering_threads_keeps_its_termination_function() {
+    let fixtures = fixtures();
+    if in_own_process(
+        "a_vendor_without_lingering_threads_keeps_its_termination_function",
+        &[],
+    ) {
+        return;
+    }
+    let device = FakeDevice::new("plain");
+    let library = open_and_start(&fixtures.vendor, &device);
+    release(&library);
+    let report = library
+        .close(&policy(&device, Duration::from_secs(2)))
+        .unwrap();
+    assert!(report.vendor_threads_cancelled.is_empty(), "{report:#?}");
+    assert!(report.vendor_threads_alive.is_empty(), "{report:#?}");
+}
+
+#[test]
 fn drops_references_taken_behind_the_hooks() {
     let fixtures = fixtures();
     if in_own_process("drops_references_taken_behind_the_hooks", &[]) {
