@@ -24,7 +24,7 @@ use crane_xs::layout::DOM0_REQUESTS;
 use crane_xs::perms::check_dom0_only;
 use craned_control::Mode;
 
-use crate::migrate::{Attached, MigrateError, Migration};
+use crate::migrate::{Attached, MigrateError};
 use crate::ratelimit::limited;
 use crate::service::Service;
 use crate::transfer::Running;
@@ -133,13 +133,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 continue;
             };
             let mut quiet = |_: &str, _: Option<String>| {};
-            let mut m = Migration::new(
-                &self.store,
-                &self.xl,
-                &self.cfg,
-                self.secret.as_deref(),
-                &mut quiet,
-            );
+            let mut m = self.migration(&mut quiet, false);
             let (state, error) = match outcome {
                 Ok(()) => match m.migrated(&guest) {
                     Ok(_) => (AdminState::Done, None),
@@ -278,15 +272,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             }
         };
         progress("accepted", None);
-        let check = self.proxy.checker();
-        let mut m = Migration::new(
-            &self.store,
-            &self.xl,
-            &self.cfg,
-            self.secret.as_deref(),
-            &mut progress,
-        )
-        .with_proxy_check(check);
+        let mut m = self.migration(&mut progress, true);
         let pre = m.pre_migrate(guest, dest, mode, Some(std::process::id()));
         let pre_stop_ms = m.stop_ms("prepare-migrate");
         if let Err(e) = pre {
@@ -323,13 +309,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             }
             Err(why) => {
                 let mut quiet = |_: &str, _: Option<String>| {};
-                let mut m = Migration::new(
-                    &self.store,
-                    &self.xl,
-                    &self.cfg,
-                    self.secret.as_deref(),
-                    &mut quiet,
-                );
+                let mut m = self.migration(&mut quiet, false);
                 let rb = rollback_text(m.roll_back(guest));
                 self.finish(guest, id, started, AdminState::Failed, |r| {
                     r.phase = Some("transfer".into());

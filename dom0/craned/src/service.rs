@@ -78,6 +78,28 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         &self.cfg
     }
 
+    /// The choreography over this service's XenStore, toolstack and secret,
+    /// reporting to `progress`; with `proxy_check`, remote moves first check
+    /// that crane-proxy answers.
+    pub(crate) fn migration<'a>(
+        &'a self,
+        progress: &'a mut dyn FnMut(&str, Option<String>),
+        proxy_check: bool,
+    ) -> Migration<'a, S, X> {
+        let m = Migration::new(
+            &self.store,
+            &self.xl,
+            &self.cfg,
+            self.secret.as_deref(),
+            progress,
+        );
+        if proxy_check {
+            m.with_proxy_check(self.proxy.checker())
+        } else {
+            m
+        }
+    }
+
     pub(crate) fn note(&mut self, guest: &str, what: String) {
         let recent = self.last.entry(guest.to_string()).or_default();
         if recent.len() == RECENT {
@@ -95,15 +117,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         progress: &mut dyn FnMut(&str, Option<String>),
     ) -> Done {
         let (result, guest, stop) = {
-            let check = self.proxy.checker();
-            let mut m = Migration::new(
-                &self.store,
-                &self.xl,
-                &self.cfg,
-                self.secret.as_deref(),
-                progress,
-            )
-            .with_proxy_check(check);
+            let mut m = self.migration(progress, true);
             let result = match req {
                 Request::PreMigrate { guest, dest, mode } => (
                     m.pre_migrate(guest, dest, *mode, owner).map(|d| {
@@ -186,13 +200,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             .tick(&self.store, &self.xl, &self.cfg, self.secret.as_deref());
         self.set_up_guests();
         let mut quiet = |_: &str, _: Option<String>| {};
-        let mut m = Migration::new(
-            &self.store,
-            &self.xl,
-            &self.cfg,
-            self.secret.as_deref(),
-            &mut quiet,
-        );
+        let mut m = self.migration(&mut quiet, false);
         let recovered = match m.recover(owner_alive) {
             Ok(r) => r,
             Err(e) => {

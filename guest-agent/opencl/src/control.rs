@@ -198,6 +198,16 @@ fn read_request(s: &UnixStream, deadline: Duration) -> Result<Vec<u8>, RequestEr
     }
 }
 
+fn with_status(st: crane_control::AppStatus) -> Response {
+    Response {
+        ok: true,
+        error: None,
+        status: Some(st),
+        phases: Vec::new(),
+        residue: None,
+    }
+}
+
 fn handle(req: Request) -> Response {
     let ok = |phases, residue| Response {
         ok: true,
@@ -217,13 +227,7 @@ fn handle(req: Request) -> Response {
             {
                 gate::open();
                 return match std::panic::catch_unwind(lifecycle::status_busy) {
-                    Ok(st) => Response {
-                        ok: true,
-                        error: None,
-                        status: Some(st),
-                        phases: Vec::new(),
-                        residue: None,
-                    },
+                    Ok(st) => with_status(st),
                     Err(_) => Response::error("internal error while reporting status"),
                 };
             }
@@ -232,13 +236,7 @@ fn handle(req: Request) -> Response {
                 gate::open();
             }
             match st {
-                Ok(st) => Response {
-                    ok: true,
-                    error: None,
-                    status: Some(st),
-                    phases: Vec::new(),
-                    residue: None,
-                },
+                Ok(st) => with_status(st),
                 Err(_) => Response::error("internal error while counting objects"),
             }
         }

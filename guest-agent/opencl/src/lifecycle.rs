@@ -883,11 +883,6 @@ pub fn status() -> crane_control::AppStatus {
         }
     }
     crane_control::AppStatus {
-        pid: std::process::id(),
-        exe: std::env::current_exe()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default(),
-        mode: mode(),
         objects: crane_control::ObjectCounts {
             contexts: handle::live::<Context>().len(),
             queues: handle::live::<Queue>().len(),
@@ -901,11 +896,8 @@ pub fn status() -> crane_control::AppStatus {
         },
         tracked_bytes: tracked,
         dirty_bytes: dirty,
-        vendors: vendor::loaded_paths()
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect(),
         busy: false,
+        ..status_busy()
     }
 }
 
