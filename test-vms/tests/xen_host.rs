@@ -229,10 +229,12 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
 
     let total = s.elapsed();
     eprintln!("whole tier: {:.1}s", total.as_secs_f64());
-    // About 9 minutes on an idle 2-core machine; other builds on the same cores can
-    // double that. Past 20 minutes something is wrong, not just slow.
+    // 10 to 12.5 minutes on an idle 2-core machine with the images cached, 16 minutes
+    // in a clean clone's CI run (first downloads included); other builds on the same
+    // cores slow it further. Past 23 minutes something is wrong, not just slow (the
+    // driver kills the tier at 25).
     assert!(
-        total < Duration::from_secs(1200),
-        "the tier must fit in 20 minutes: {total:?}"
+        total < Duration::from_secs(1380),
+        "the tier must fit in 23 minutes: {total:?}"
     );
 }
