@@ -811,11 +811,11 @@ fn wrapper(s: &Session, host: usize, args: &str) -> anyhow::Result<String> {
     Ok(log)
 }
 
-/// `; pre-migration stoppage 81.2 ms` in the wrappers' lines → 81.2.
-fn stoppage_in(log: &str, what: &str) -> Option<f64> {
-    let key = format!("{what} stoppage ");
-    log.lines().rev().find_map(|l| {
-        let rest = &l[l.find(&key)? + key.len()..];
+/// The number after the last `key` in `text`: `post-migration stoppage ` in the
+/// wrapper's `; post-migration stoppage 81.2 ms` gives 81.2.
+fn number_after(text: &str, key: &str) -> Option<f64> {
+    text.lines().rev().find_map(|l| {
+        let rest = &l[l.find(key)? + key.len()..];
         rest.split_whitespace().next()?.parse().ok()
     })
 }
@@ -1295,20 +1295,20 @@ pub fn move_guest(
     }
     let (modes_seen, total) = modes_since(s, to, pid, *samples)?;
     *samples = total;
-    // craned's own account: the stoppage of the way back, and of the way out where
-    // the wrapper reported it.
-    let status_text = s.dom0(to, "/usr/sbin/crane status")?;
-    let post_stop_ms = stoppage_in(&log, "post-migration").or_else(|| {
-        status_text
-            .lines()
-            .rev()
-            .find(|l| l.contains("received after waiting") || l.contains("receive: "))
-            .and_then(|l| {
-                let rest = &l[l.find("longest stop ")? + "longest stop ".len()..];
-                rest.split_whitespace().next()?.parse().ok()
-            })
-    });
-    let pre_stop_ms = stoppage_in(&log, "pre-migration").or(pre_xs);
+    // The stoppage both ways as the wrapper reported it; where no wrapper received
+    // the guest, the way back from craned's own account (`crane status`).
+    let post_stop_ms = match number_after(&log, "post-migration stoppage ") {
+        Some(ms) => Some(ms),
+        None => {
+            let status = s.dom0(to, "/usr/sbin/crane status")?;
+            let receives: Vec<&str> = status
+                .lines()
+                .filter(|l| l.contains("received after waiting") || l.contains("receive: "))
+                .collect();
+            number_after(&receives.join("\n"), "longest stop ")
+        }
+    };
+    let pre_stop_ms = number_after(&log, "pre-migration stoppage ").or(pre_xs);
     let _ = writeln!(log, "(agent state passthrough, pid {pid} passthrough)");
     Ok(Migration {
         how,

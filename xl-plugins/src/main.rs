@@ -21,9 +21,19 @@ fn code(st: ExitStatus) -> i32 {
     st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
 }
 
+/// What the wrapper reports every 2 s while the real xl runs.
+#[derive(Clone, Copy)]
+enum Watch<'a> {
+    /// `xl save`: the size of its file.
+    Save(&'a str),
+    /// `xl migrate`: the bytes xl and its save helper have written.
+    Migrate,
+    Nothing,
+}
+
 /// Runs the real xl as a child (the wrapper has work after it) and waits;
 /// meanwhile Ctrl-C reaches xl, not the wrapper, which must live to report.
-fn run_real(settings: &Settings, args: &[String], rep: &Reporter, save_file: Option<&str>) -> i32 {
+fn run_real(settings: &Settings, args: &[String], rep: &Reporter, watch: Watch<'_>) -> i32 {
     let mut child = match Command::new(&settings.real_xl)
         .arg0("xl")
         .args(args)
@@ -36,7 +46,6 @@ fn run_real(settings: &Settings, args: &[String], rep: &Reporter, save_file: Opt
         }
     };
     ignore_terminal_signals();
-    let migrating = args.iter().any(|a| a == "migrate");
     let mut last_report = std::time::Instant::now();
     loop {
         match child.try_wait() {
@@ -49,18 +58,18 @@ fn run_real(settings: &Settings, args: &[String], rep: &Reporter, save_file: Opt
         }
         if last_report.elapsed() >= Duration::from_secs(2) {
             let mib = |b: u64| b as f64 / (1 << 20) as f64;
-            match save_file {
-                Some(f) => {
+            match watch {
+                Watch::Save(f) => {
                     if let Ok(m) = std::fs::metadata(f) {
                         rep.line(&format!("xl save: {:.1} MiB written", mib(m.len())));
                     }
                 }
-                None if migrating => {
+                Watch::Migrate => {
                     if let Some(b) = tree_written_bytes(child.id()) {
                         rep.line(&format!("xl migrate: {:.1} MiB sent", mib(b)));
                     }
                 }
-                None => {}
+                Watch::Nothing => {}
             }
             last_report = std::time::Instant::now();
         }
@@ -147,7 +156,8 @@ fn depart(
             .map_or(String::new(), |g| format!(" ({g} detached)")),
         stop_text("pre-migration", done.stop_us)
     ));
-    let rc = run_real(settings, args, &rep, save_file);
+    let watch = save_file.map_or(Watch::Migrate, Watch::Save);
+    let rc = run_real(settings, args, &rep, watch);
     let guest = domain.to_string();
     if rc == 0 && !resume_after {
         match ask(settings, &rep, &Request::Migrated { guest }) {
@@ -206,7 +216,7 @@ fn arrive(settings: &Settings, args: &[String]) -> i32 {
             None
         }
     };
-    let rc = run_real(settings, args, &rep, None);
+    let rc = run_real(settings, args, &rep, Watch::Nothing);
     let Some(before) = before else {
         return rc;
     };

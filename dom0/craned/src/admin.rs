@@ -24,7 +24,7 @@ use crane_xs::layout::DOM0_REQUESTS;
 use crane_xs::perms::check_dom0_only;
 use craned_control::Mode;
 
-use crate::migrate::{Attached, MigrateError};
+use crate::migrate::{MigrateError, rollback_text};
 use crate::ratelimit::limited;
 use crate::service::Service;
 use crate::transfer::Running;
@@ -57,12 +57,13 @@ fn refused(e: &MigrateError) -> bool {
     )
 }
 
-fn rollback_text(r: Result<Attached, MigrateError>) -> String {
-    match r {
-        Ok(Attached::Resumed(_)) => "rolled back: the guest kept its GPU".into(),
-        Ok(Attached::Waiting) => "rolled back; no GPU is free, the guest waits for one".into(),
-        Err(e) => format!("the rollback failed too: {e}"),
-    }
+/// A request still under way, in `phase`.
+fn working(id: u64, phase: &str, started: Instant, pre_stop_ms: Option<f64>) -> AdminResult {
+    let mut r = AdminResult::new(id, AdminState::Working);
+    r.phase = Some(phase.to_string());
+    r.ms = started.elapsed().as_millis() as u64;
+    r.pre_stop_ms = pre_stop_ms;
+    r
 }
 
 impl<S: XenStore, X: Xl> Service<S, X> {
@@ -120,10 +121,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 continue;
             };
             let Some(outcome) = job.running.poll() else {
-                let mut r = AdminResult::new(job.id, AdminState::Working);
-                r.phase = Some("transfer".into());
-                r.ms = job.started.elapsed().as_millis() as u64;
-                r.pre_stop_ms = job.pre_stop_ms;
+                let mut r = working(job.id, "transfer", job.started, job.pre_stop_ms);
                 job.bytes = job.running.bytes().or(job.bytes);
                 r.bytes = job.bytes;
                 self.write_result(&guest, &r);
@@ -262,14 +260,9 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             "{guest}: XenStore request {id}: migrate to {dest} ({})",
             mode.as_str()
         );
-        let store = &self.store;
+        let this = &*self;
         let mut progress = |phase: &str, _: Option<String>| {
-            let mut r = AdminResult::new(id, AdminState::Working);
-            r.phase = Some(phase.to_string());
-            r.ms = started.elapsed().as_millis() as u64;
-            if let Err(e) = store.write(&result_key(guest), &r.format()) {
-                limited!(log::Level::Warn, "{guest}: cannot write progress: {e}");
-            }
+            this.write_result(guest, &working(id, phase, started, None));
         };
         progress("accepted", None);
         let mut m = self.migration(&mut progress, true);
@@ -289,11 +282,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         }
         match self.transfers.start(guest, dest, ssh_command) {
             Ok(running) => {
-                let mut r = AdminResult::new(id, AdminState::Working);
-                r.phase = Some("transfer".into());
-                r.ms = started.elapsed().as_millis() as u64;
-                r.pre_stop_ms = pre_stop_ms;
-                self.write_result(guest, &r);
+                self.write_result(guest, &working(id, "transfer", started, pre_stop_ms));
                 self.jobs.insert(
                     guest.to_string(),
                     Job {

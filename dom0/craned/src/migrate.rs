@@ -1,6 +1,6 @@
 //! The migration choreography, the one place that knows its order. Both
-//! triggers use it: the xl wrapper (through craned's control socket) and
-//! [`Migration::migrate`] for callers that run the transfer themselves.
+//! triggers use it: the xl wrapper (through craned's control socket) and the
+//! XenStore trigger (crate::admin, which runs `xl migrate` itself).
 //!
 //! Source host: [`Migration::pre_migrate`] asks the guest agent to move its
 //! processes off the GPU (remote: to crane-proxy, with the proxy's address and
@@ -96,8 +96,6 @@ pub enum MigrateError {
         cause: Box<MigrateError>,
         rollback: String,
     },
-    #[error("moving the domain failed: {0}")]
-    Transfer(String),
     #[error(transparent)]
     Xl(#[from] LibxlError),
     #[error(transparent)]
@@ -206,6 +204,17 @@ impl Answered {
 
 fn ms(d: u64) -> Duration {
     Duration::from_millis(d)
+}
+
+/// How a rollback went, for the error or result that reports it.
+pub(crate) fn rollback_text(r: Result<Attached, MigrateError>) -> String {
+    match r {
+        Ok(Attached::Resumed(_)) => "rolled back: the guest kept its GPU".to_string(),
+        Ok(Attached::Waiting) => {
+            "rolled back, but no GPU is free: the guest waits for one".to_string()
+        }
+        Err(e) => format!("the rollback failed too: {e}"),
+    }
 }
 
 fn domid16(domid: u32) -> u16 {
@@ -522,13 +531,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
     /// Rolls back after `cause` and folds both into one error.
     fn fail(&mut self, guest: &str, entry: &mut Entry, cause: MigrateError) -> MigrateError {
         log::warn!("{guest}: {cause}; rolling back");
-        let rollback = match self.roll_back_entry(guest, entry) {
-            Ok(Attached::Resumed(_)) => "rolled back: the guest kept its GPU".to_string(),
-            Ok(Attached::Waiting) => {
-                "rolled back, but no GPU is free: the guest waits for one".to_string()
-            }
-            Err(e) => format!("the rollback failed too: {e}"),
-        };
+        let rollback = rollback_text(self.roll_back_entry(guest, entry));
         MigrateError::RolledBack {
             cause: Box::new(cause),
             rollback,
@@ -810,36 +813,6 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
             out.push((guest, outcome));
         }
         Ok(out)
-    }
-
-    /// The whole source-side migration for callers that move the domain
-    /// themselves: pre-migrate, `transfer` (which runs `xl migrate` or
-    /// `xl save`), then done or rolled back.
-    pub fn migrate(
-        &mut self,
-        guest: &str,
-        dest: &str,
-        mode: Mode,
-        transfer: impl FnOnce() -> Result<(), String>,
-    ) -> Result<Detached, MigrateError> {
-        let detached = self.pre_migrate(guest, dest, mode, None)?;
-        self.step("transfer", Some(dest.to_string()));
-        match transfer() {
-            Ok(()) => {
-                self.migrated(&detached.guest)?;
-                Ok(detached)
-            }
-            Err(why) => {
-                let rollback = match self.roll_back(&detached.guest) {
-                    Ok(_) => "rolled back: the guest kept its GPU".to_string(),
-                    Err(e) => format!("the rollback failed too: {e}"),
-                };
-                Err(MigrateError::RolledBack {
-                    cause: Box::new(MigrateError::Transfer(why)),
-                    rollback,
-                })
-            }
-        }
     }
 }
 
@@ -1227,32 +1200,23 @@ mod tests {
     fn a_failed_transfer_gives_the_gpu_back_and_a_good_one_finishes() {
         let mut w = World::new(config());
         let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
-        let e = w
-            .run(|m| {
-                m.migrate("g1", "host1", Mode::StopAndCopy, || {
-                    Err("xl migrate exited with 1".into())
-                })
-            })
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("moving the domain failed: xl migrate exited with 1"),
-            "{e}"
-        );
-        assert!(e.contains("rolled back"), "{e}");
+        // xl failed: the caller rolls back.
+        w.run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap();
+        let text = rollback_text(w.run(|m| m.roll_back("g1")));
+        assert!(text.contains("rolled back"), "{text}");
         assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)]);
         assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
 
-        let xl = w.xl.clone();
-        w.run(|m| {
-            m.migrate("g1", "host1", Mode::StopAndCopy, || {
-                xl.remove_domain(3);
-                Ok(())
-            })
-        })
-        .unwrap();
+        // xl moved the domain: the caller reports it, the entry is closed.
+        w.run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap();
+        w.xl.remove_domain(3);
+        assert_eq!(
+            w.run(|m| m.migrated("g1")).unwrap().as_deref(),
+            Some("host1")
+        );
         assert!(w.journal("g1").is_none());
-        assert_eq!(w.phases.last().map(String::as_str), Some("transfer"));
     }
 
     #[test]
