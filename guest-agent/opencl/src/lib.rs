@@ -21,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 mod entry;
+pub mod extensions;
 mod fault;
 pub mod gate;
 pub mod handle;

@@ -72,8 +72,14 @@ pub unsafe extern "C" fn clGetPlatformInfo(
     entry::status(false, || {
         let p = platform_or_default(p)?;
         let v = p.base.vendor();
-        // SAFETY: forwarding the application's buffers to the vendor.
-        check(unsafe { vfn!(v, clGetPlatformInfo)?(v.cast(), param, size, value, size_ret) })
+        let f = vfn!(v, clGetPlatformInfo)?;
+        // SAFETY: `f` answers `param` of the live vendor platform `v`.
+        let query = |n, out, n_ret| unsafe { f(v.cast(), param, n, out, n_ret) };
+        match param {
+            CL_PLATFORM_EXTENSIONS => extension_string(query, size, value, size_ret),
+            CL_PLATFORM_EXTENSIONS_WITH_VERSION => extension_versions(query, size, value, size_ret),
+            _ => check(query(size, value, size_ret)),
+        }
     })
 }
 
@@ -164,11 +170,78 @@ pub unsafe extern "C" fn clGetDeviceInfo(
             }
             _ => {
                 let v = dev.base.vendor();
-                // SAFETY: forwarding.
-                check(unsafe { vfn!(v, clGetDeviceInfo)?(v.cast(), param, size, value, size_ret) })
+                let f = vfn!(v, clGetDeviceInfo)?;
+                // SAFETY: `f` answers `param` of the live vendor device `v`.
+                let query = |n, out, n_ret| unsafe { f(v.cast(), param, n, out, n_ret) };
+                match param {
+                    CL_DEVICE_EXTENSIONS => extension_string(query, size, value, size_ret),
+                    CL_DEVICE_EXTENSIONS_WITH_VERSION => {
+                        extension_versions(query, size, value, size_ret)
+                    }
+                    _ => check(query(size, value, size_ret)),
+                }
             }
         }
     })
+}
+
+/// A vendor info query: (size, value, size_ret) -> status.
+type Query<'a> = &'a dyn Fn(usize, *mut c_void, *mut usize) -> cl_int;
+
+/// The vendor's answer to an info query, whole.
+fn vendor_bytes(query: Query) -> ClResult<Vec<u8>> {
+    let mut n = 0;
+    check(query(0, std::ptr::null_mut(), &mut n))?;
+    let mut buf = vec![0u8; n];
+    check(query(n, buf.as_mut_ptr().cast(), std::ptr::null_mut()))?;
+    Ok(buf)
+}
+
+/// CL_*_EXTENSIONS without the extensions crane does not track
+/// (`crate::extensions`).
+fn extension_string(
+    query: impl Fn(usize, *mut c_void, *mut usize) -> cl_int,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> ClResult<()> {
+    let raw = vendor_bytes(&query)?;
+    let text = raw.split(|&b| b == 0).next().unwrap_or_default();
+    let mut out = crate::extensions::filter_string(text);
+    out.push(0);
+    write_info(&out, size, value, size_ret)
+}
+
+/// CL_*_EXTENSIONS_WITH_VERSION, filtered like `extension_string`.
+fn extension_versions(
+    query: impl Fn(usize, *mut c_void, *mut usize) -> cl_int,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> ClResult<()> {
+    let raw = vendor_bytes(&query)?;
+    let n = crate::extensions::version_entries(raw.len());
+    let kept: Vec<cl_name_version> = (0..n)
+        .map(|i| {
+            // SAFETY: `raw` holds n whole cl_name_version entries; the read
+            // is unaligned because a Vec<u8> promises no alignment.
+            unsafe {
+                raw.as_ptr()
+                    .cast::<cl_name_version>()
+                    .add(i)
+                    .read_unaligned()
+            }
+        })
+        .filter(crate::extensions::advertised_version)
+        .collect();
+    // SAFETY: cl_name_version is plain data; its bytes are what OpenCL returns.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            kept.as_ptr().cast::<u8>(),
+            std::mem::size_of_val(kept.as_slice()),
+        )
+    };
+    write_info(bytes, size, value, size_ret)
 }
 
 /// Creates sub-devices on the vendor and crane objects for them (also used to
