@@ -52,6 +52,19 @@ pub enum InitramfsError {
     },
     #[error("kernel module {0} is not in the locked kernel package")]
     MissingModule(String),
+    #[error(
+        "{path} was built for kernel {built_for:?}, the images run {release}: build it \
+         against the headers of that release"
+    )]
+    ModuleRelease {
+        path: String,
+        built_for: String,
+        release: String,
+    },
+    #[error("{0} has no .modinfo section: not a kernel module")]
+    NotAModule(String),
+    #[error("kernel modules {0} depend on each other in a cycle")]
+    ModuleCycle(String),
     #[error("the locked packages contain no kernel modules under /lib/modules")]
     NoKernel,
 }
@@ -337,6 +350,98 @@ impl<'s> Initramfs<'s> {
         Ok(order)
     }
 
+    /// Adds kernel modules built outside the kernel package (a GPU driver's), at
+    /// `/lib/modules/RELEASE/updates/`, after the in-tree modules they depend on
+    /// and each other in dependency order. Each must have been built for the
+    /// images' kernel release (its `vermagic`). Returns the installed paths in an
+    /// order `insmod` can load them in.
+    pub fn extra_modules(&mut self, files: &[PathBuf]) -> Result<Vec<PathBuf>, InitramfsError> {
+        if files.is_empty() {
+            return Ok(Vec::new());
+        }
+        let release = self.kernel_release()?;
+        let mut extra: BTreeMap<String, (PathBuf, Vec<String>)> = BTreeMap::new();
+        for file in files {
+            let data = std::fs::read(file).map_err(io_err(file))?;
+            let info = modinfo(&data, file)?
+                .ok_or_else(|| InitramfsError::NotAModule(file.display().to_string()))?;
+            let built_for = field(&info, "vermagic").unwrap_or_default();
+            if built_for.split_whitespace().next() != Some(release.as_str()) {
+                return Err(InitramfsError::ModuleRelease {
+                    path: file.display().to_string(),
+                    built_for: built_for.to_owned(),
+                    release,
+                });
+            }
+            extra.insert(
+                module_name(file),
+                (file.clone(), module_dependencies(&data, file)?),
+            );
+        }
+        let base = PathBuf::from("/lib/modules").join(&release);
+        let index: BTreeMap<String, PathBuf> = self
+            .sysroot
+            .walk(&base)
+            .map(|(p, _)| (module_name(p), p.clone()))
+            .filter(|(name, p)| !name.is_empty() && p.extension().is_some_and(|e| e == "ko"))
+            .collect();
+        let mut order = Vec::new();
+        let mut in_tree = Vec::new();
+        let names: Vec<String> = extra.keys().cloned().collect();
+        for name in names {
+            self.load_extra(
+                &index,
+                &extra,
+                &base,
+                &name,
+                &mut Vec::new(),
+                &mut in_tree,
+                &mut order,
+            )?;
+        }
+        Ok(in_tree.into_iter().chain(order).collect())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_extra(
+        &mut self,
+        index: &BTreeMap<String, PathBuf>,
+        extra: &BTreeMap<String, (PathBuf, Vec<String>)>,
+        base: &Path,
+        name: &str,
+        visiting: &mut Vec<String>,
+        in_tree: &mut Vec<PathBuf>,
+        order: &mut Vec<PathBuf>,
+    ) -> Result<(), InitramfsError> {
+        let Some((file, deps)) = extra.get(name) else {
+            return self.load_module(index, name, in_tree);
+        };
+        let dest = base
+            .join("updates")
+            .join(file.file_name().unwrap_or_default());
+        if order.contains(&dest) {
+            return Ok(());
+        }
+        if visiting.iter().any(|v| v == name) {
+            return Err(InitramfsError::ModuleCycle(visiting.join(" -> ")));
+        }
+        visiting.push(name.to_owned());
+        for dep in deps {
+            let dep = dep.replace('-', "_");
+            self.load_extra(index, extra, base, &dep, visiting, in_tree, order)?;
+        }
+        visiting.pop();
+        self.entries.insert(
+            dest.clone(),
+            Content::File {
+                data: FileData::Path(file.clone()),
+                mode: 0o644,
+            },
+        );
+        order.push(dest);
+        Ok(())
+    }
+
     fn load_module(
         &mut self,
         index: &BTreeMap<String, PathBuf>,
@@ -555,7 +660,9 @@ fn defined_versions(data: &[u8], path: &Path) -> Result<BTreeSet<String>, Initra
 }
 
 /// The `depends=` list of a kernel module's `.modinfo` section.
-fn module_dependencies(data: &[u8], path: &Path) -> Result<Vec<String>, InitramfsError> {
+/// The fields of a kernel module's `.modinfo` section (`key=value` strings), or
+/// None when it has none.
+fn modinfo(data: &[u8], path: &Path) -> Result<Option<Vec<(String, String)>>, InitramfsError> {
     let elf = goblin::elf::Elf::parse(data).map_err(|e| InitramfsError::Elf {
         path: path.display().to_string(),
         source: e,
@@ -569,17 +676,50 @@ fn module_dependencies(data: &[u8], path: &Path) -> Result<Vec<String>, Initramf
         let Some(bytes) = data.get(start..end) else {
             break;
         };
-        for field in bytes.split(|b| *b == 0) {
-            if let Some(list) = field.strip_prefix(b"depends=") {
-                return Ok(String::from_utf8_lossy(list)
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect());
-            }
-        }
+        return Ok(Some(
+            bytes
+                .split(|b| *b == 0)
+                .filter_map(|field| {
+                    let text = String::from_utf8_lossy(field);
+                    let (k, v) = text.split_once('=')?;
+                    Some((k.to_owned(), v.to_owned()))
+                })
+                .collect(),
+        ));
     }
-    Ok(Vec::new())
+    Ok(None)
+}
+
+fn field<'a>(info: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    info.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+fn module_dependencies(data: &[u8], path: &Path) -> Result<Vec<String>, InitramfsError> {
+    let info = modinfo(data, path)?.unwrap_or_default();
+    Ok(field(&info, "depends")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// A module's name as the kernel knows it (dashes are underscores).
+fn module_name(path: &Path) -> String {
+    path.file_name()
+        .and_then(|f| f.to_str())
+        .map(|f| f.strip_suffix(".ko").unwrap_or(f).replace('-', "_"))
+        .unwrap_or_default()
+}
+
+/// An ELF shared library's DT_SONAME.
+pub fn soname(path: &Path) -> Result<Option<String>, InitramfsError> {
+    let data = std::fs::read(path).map_err(io_err(path))?;
+    let elf = goblin::elf::Elf::parse(&data).map_err(|e| InitramfsError::Elf {
+        path: path.display().to_string(),
+        source: e,
+    })?;
+    Ok(elf.soname.map(str::to_owned))
 }
 
 #[cfg(test)]
@@ -644,6 +784,96 @@ mod tests {
         sysroot.add_package("coreutils", &coreutils).unwrap();
         sysroot.add_package("libc6", &libc6).unwrap();
         sysroot
+    }
+
+    /// A kernel module stand-in: an ELF object whose .modinfo says `fields`
+    /// (built with the build machine's gcc).
+    fn fake_module(dir: &Path, file: &str, fields: &[&str]) -> PathBuf {
+        let c = dir.join(format!("{file}.c"));
+        let info: String = fields.iter().map(|f| format!("{f}\\0")).collect();
+        std::fs::write(
+            &c,
+            format!(
+                "__attribute__((section(\".modinfo\"), used)) static const char m[] = \"{info}\";\n"
+            ),
+        )
+        .unwrap();
+        let out = dir.join(file);
+        let status = std::process::Command::new("gcc")
+            .arg("-c")
+            .arg("-o")
+            .arg(&out)
+            .arg(&c)
+            .status()
+            .expect("run gcc");
+        assert!(status.success());
+        out
+    }
+
+    #[test]
+    fn out_of_tree_modules_come_after_what_they_depend_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("linux-image");
+        let drivers = kernel.join("lib/modules/6.1.0-9-amd64/kernel/drivers");
+        std::fs::create_dir_all(&drivers).unwrap();
+        let drm = fake_module(
+            dir.path(),
+            "drm.ko",
+            &["depends=", "vermagic=6.1.0-9-amd64 SMP"],
+        );
+        std::fs::copy(&drm, drivers.join("drm.ko")).unwrap();
+        let mut sysroot = Sysroot::default();
+        sysroot.add_package("linux-image", &kernel).unwrap();
+        let gpu = dir.path().join("gpu");
+        std::fs::create_dir_all(&gpu).unwrap();
+        let magic = "vermagic=6.1.0-9-amd64 SMP preempt mod_unload modversions";
+        let nvidia = fake_module(&gpu, "nvidia.ko", &["depends=", magic]);
+        let uvm = fake_module(&gpu, "nvidia-uvm.ko", &["depends=nvidia", magic]);
+        let modeset = fake_module(&gpu, "nvidia-modeset.ko", &["depends=nvidia", magic]);
+        let nvdrm = fake_module(
+            &gpu,
+            "nvidia-drm.ko",
+            &["depends=nvidia-modeset,drm", magic],
+        );
+        let mut image = Initramfs::new(&sysroot);
+        let order = image
+            .extra_modules(&[nvdrm.clone(), uvm.clone(), nvidia.clone(), modeset.clone()])
+            .unwrap();
+        let base = "/lib/modules/6.1.0-9-amd64";
+        let names: Vec<String> = order.iter().map(|p| p.display().to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                format!("{base}/kernel/drivers/drm.ko"),
+                format!("{base}/updates/nvidia.ko"),
+                format!("{base}/updates/nvidia-modeset.ko"),
+                format!("{base}/updates/nvidia-drm.ko"),
+                format!("{base}/updates/nvidia-uvm.ko"),
+            ]
+        );
+        for path in &order {
+            assert!(image.contains(path), "{} not in the image", path.display());
+        }
+
+        // Built for another kernel: refused, naming both releases.
+        let other = fake_module(&gpu, "other.ko", &["vermagic=6.12.0-1-amd64 SMP"]);
+        let e = Initramfs::new(&sysroot)
+            .extra_modules(&[other])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("6.12.0-1-amd64") && e.to_string().contains("6.1.0-9-amd64"),
+            "{e}"
+        );
+        // Not a module at all.
+        let e = Initramfs::new(&sysroot)
+            .extra_modules(&[PathBuf::from("/usr/bin/true")])
+            .unwrap_err();
+        assert!(matches!(e, InitramfsError::NotAModule(_)), "{e}");
+        // A cycle.
+        let a = fake_module(&gpu, "a.ko", &["depends=b", magic]);
+        let b = fake_module(&gpu, "b.ko", &["depends=a", magic]);
+        let e = Initramfs::new(&sysroot).extra_modules(&[a, b]).unwrap_err();
+        assert!(matches!(e, InitramfsError::ModuleCycle(_)), "{e}");
     }
 
     #[test]

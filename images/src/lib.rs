@@ -244,6 +244,9 @@ pub struct ImageSpec {
     pub library_dirs: Vec<PathBuf>,
     /// Kernel modules to load besides the image's standard ones.
     pub modules: Vec<String>,
+    /// Kernel modules built outside the kernel package (files of the build
+    /// machine), loaded after `modules` (see `Initramfs::extra_modules`).
+    pub module_files: Vec<PathBuf>,
     /// Read-only disks the domU mounts at boot, their files reachable at their usual
     /// paths (see [`ImageSpec::read_only_disk`]).
     pub disks: Vec<ReadOnlyDisk>,
@@ -308,6 +311,12 @@ impl ImageSpec {
 
     pub fn module(mut self, name: impl Into<String>) -> Self {
         self.modules.push(name.into());
+        self
+    }
+
+    /// An out-of-tree kernel module (built for the images' kernel release).
+    pub fn module_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.module_files.push(path.into());
         self
     }
 
@@ -402,6 +411,12 @@ impl Builder {
         Ok(out)
     }
 
+    /// The images' kernel release (`uname -r` in every domain), which out-of-tree
+    /// modules must be built for.
+    pub fn kernel_release(&self) -> Result<String, ImageError> {
+        Ok(Initramfs::new(&self.sysroot).kernel_release()?)
+    }
+
     /// The kernel image of the locked linux-image package.
     pub fn kernel(&self) -> Result<PathBuf, ImageError> {
         let package = self.kernel_package()?;
@@ -452,7 +467,12 @@ impl Builder {
         ] {
             image.dir(dir);
         }
-        let order = image.modules(&modules)?;
+        let mut order = image.modules(&modules)?;
+        for path in image.extra_modules(&spec.module_files)? {
+            if !order.contains(&path) {
+                order.push(path);
+            }
+        }
         let list: String = order.iter().map(|p| format!("{}\n", p.display())).collect();
         image.bytes("/etc/crane/modules", list, 0o644);
         image.bytes("/etc/crane/rc.sysinit.common", RC_COMMON, 0o644);

@@ -7,6 +7,7 @@
 pub mod control;
 pub mod domus;
 pub mod host;
+pub mod proxy_image;
 pub mod scenario;
 pub mod session;
 pub mod tier;

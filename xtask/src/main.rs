@@ -19,6 +19,8 @@
 //! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
+//! * `cargo xtask proxy-image [--nvidia DIR] ...` — the proxy domain's image for a
+//!   real host, with PoCL or NVIDIA's driver (docs/operations.md).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -561,6 +563,9 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("bench-remote") => bench_remote(&args[1..]),
         Some("testbed") => crane_test_vms::cli(&args[1..]),
-        other => bail!("unknown xtask command {other:?}; try test, demo or testbed"),
+        Some("proxy-image") => crane_test_vms::proxy_image::cli(&args[1..]),
+        other => bail!(
+            "unknown xtask command {other:?}; try test, demo, bench, bench-remote, testbed or proxy-image"
+        ),
     }
 }
