@@ -365,6 +365,12 @@ pub fn guest_config() -> DomuConfig {
 /// GPU), every host gives its stand-in GPU to the guest and points the guest's
 /// processes at the proxy.
 pub fn craned_config(host: usize) -> String {
+    craned_config_with(host, "wait")
+}
+
+/// [`craned_config`] with the policy for arriving guests when no GPU is free
+/// (`wait` or `refuse`).
+fn craned_config_with(host: usize, no_free_gpu: &str) -> String {
     let proxy = if host == 0 {
         format!(
             "domain = \"{PROXY}\"\nconfig = \"/etc/xen/crane/{PROXY}.cfg\"\ngpu = \"{PROXY_STANDIN_BDF}\"\n"
@@ -373,7 +379,7 @@ pub fn craned_config(host: usize) -> String {
         String::new()
     };
     format!(
-        "guests = [\"{GUEST}\"]\ntick_ms = 1000\nagent_timeout_ms = 120000\n\
+        "guests = [\"{GUEST}\"]\nno_free_gpu = \"{no_free_gpu}\"\ntick_ms = 1000\nagent_timeout_ms = 120000\n\
          migrate_deadline_ms = {MOVE_DEADLINE_MS}\nresume_deadline_ms = {MOVE_DEADLINE_MS}\n\
          [gpus]\npool = [\"{GUEST_STANDIN_BDF}\"]\n\
          [proxy]\naddress = \"tcp://{PROXY_IP}:{PROXY_PORT}\"\n\
@@ -870,59 +876,23 @@ fn journal_phase(s: &Session, host: usize) -> anyhow::Result<Option<String>> {
     Ok(field(&v, "phase").map(str::to_owned))
 }
 
-/// The XenStore trigger (see [`Move::Xenstore`]): writes the request on `from` with
-/// `xenstore-write`, follows craned's result until it is final, and on another host
-/// walks the guest through a destination without a free GPU and a craned restart.
-/// Returns the lines to show and the pre-migration stoppage craned reported.
-fn xenstore_move(
-    s: &Session,
-    app: &App,
-    from: usize,
-    to: usize,
-    pid: u32,
-) -> anyhow::Result<(String, Option<f64>)> {
-    use crane_xs::admin::{AdminOp, AdminRequest, AdminResult, AdminState, MoveMode};
-    let mut log = String::new();
-    let starve = from != to;
-    if starve {
-        // Another domain holds the destination's only GPU.
-        s.dom0(
-            to,
-            &format!(
-                "cat > /etc/xen/crane/{HOLDER}.cfg <<'CFG'\nname = \"{HOLDER}\"\ntype = \"pv\"\n\
-                 memory = 96\nvcpus = 1\nkernel = \"{}\"\npci = [ \"{GUEST_STANDIN_BDF}\" ]\nCFG\n\
-                 xl pci-assignable-list | grep -q {GUEST_STANDIN_BDF} || \
-                 xl pci-assignable-add {GUEST_STANDIN_BDF}\n\
-                 xl create -p /etc/xen/crane/{HOLDER}.cfg",
-                crate::GUEST_KERNEL
-            ),
-        )?;
-        let _ = writeln!(
-            log,
-            "crane: host {to}'s GPU is held by the paused domain {HOLDER}"
-        );
-    }
-    let dest = if from == to {
-        format!("{WRAPPER} migrate-receive")
-    } else {
-        listen_for_migration(s, to)?
-    };
+/// Writes a XenStore migration request for the guest on `from` with
+/// `xenstore-write` (the next id after the last result); the request and its id.
+fn write_request(s: &Session, from: usize, dest: &str) -> anyhow::Result<(String, u64)> {
+    use crane_xs::admin::{AdminOp, AdminRequest, MoveMode};
     let result_key = crane_xs::admin::result_key(GUEST);
-    let last_id = s
-        .dom0(
-            from,
-            &format!("xenstore-read {result_key} 2>/dev/null; true"),
-        )?
-        .trim()
-        .to_owned();
-    let id = field(&last_id, "id")
+    let last = s.dom0(
+        from,
+        &format!("xenstore-read {result_key} 2>/dev/null; true"),
+    )?;
+    let id = field(last.trim(), "id")
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0)
         + 1;
     let request = AdminRequest {
         id,
         op: AdminOp::Migrate {
-            dest,
+            dest: dest.to_owned(),
             mode: MoveMode::Remote,
             ssh_command: Some(String::new()),
         },
@@ -936,8 +906,19 @@ fn xenstore_move(
             shell_quote(&request)
         ),
     )?;
-    let _ = writeln!(log, "crane: host {from}: xenstore-write ... {request}");
-    // Follow the result: every phase seen, until it is final.
+    Ok((request, id))
+}
+
+/// Follows craned's result for request `id` on `from` until it is final, logging
+/// every phase; the result and the phases seen.
+fn follow_request(
+    s: &Session,
+    from: usize,
+    id: u64,
+    log: &mut String,
+) -> anyhow::Result<(crane_xs::admin::AdminResult, Vec<String>)> {
+    use crane_xs::admin::AdminResult;
+    let result_key = crane_xs::admin::result_key(GUEST);
     let started = Instant::now();
     let mut phases: Vec<String> = Vec::new();
     let result = loop {
@@ -969,6 +950,125 @@ fn xenstore_move(
         );
         std::thread::sleep(Duration::from_secs(2));
     };
+    let _ = writeln!(log, "crane: result: {}", result.format());
+    Ok((result, phases))
+}
+
+/// Restarts craned on `host` with the given no-free-GPU policy.
+fn restart_craned_with(s: &Session, host: usize, no_free_gpu: &str) -> anyhow::Result<()> {
+    s.dom0(
+        host,
+        &format!(
+            "kill $(pidof craned) 2>/dev/null; \
+             for i in $(seq 50); do pidof craned >/dev/null || break; sleep 0.2; done; \
+             cat > /etc/crane/craned.toml <<'CFG'\n{}CFG",
+            craned_config_with(host, no_free_gpu)
+        ),
+    )?;
+    spawn_craned(s, host)
+}
+
+/// The destination refuses: craned on `to` runs with `no_free_gpu = "refuse"` while
+/// the paused holder keeps its only GPU. A XenStore-requested move from `from` then
+/// fails before the domain leaves: the wrapper's migrate-receive on `to` asks craned,
+/// which refuses, xl migrate ends, and craned on `from` rolls the guest back to its
+/// GPU. The guest still runs on `from`, its program on the local GPU again. craned on
+/// `to` goes back to `wait` afterwards. Returns the lines to show.
+fn refused_move(s: &Session, from: usize, to: usize, pid: u32) -> anyhow::Result<String> {
+    use crane_xs::admin::AdminState;
+    let mut log = String::new();
+    restart_craned_with(s, to, "refuse")?;
+    let _ = writeln!(
+        log,
+        "crane: host {to}: craned restarted with no_free_gpu = \"refuse\""
+    );
+    let dest = listen_for_migration(s, to)?;
+    let (request, id) = write_request(s, from, &dest)?;
+    let _ = writeln!(log, "crane: host {from}: xenstore-write ... {request}");
+    let (result, _) = follow_request(s, from, id, &mut log)?;
+    let error = result.error.as_deref().unwrap_or("");
+    ensure!(
+        result.state == AdminState::Failed && error.contains("rolled back: the guest kept its GPU"),
+        "a move to a host that refuses ended {} ({error})",
+        result.state.as_str()
+    );
+    let received = s.dom0(to, "cat /var/log/xen/migrate-receive.log")?;
+    ensure!(
+        received.contains("refusing the incoming domain"),
+        "host {to} did not refuse the guest:\n{received}"
+    );
+    for line in received.lines().filter(|l| l.contains("refusing")) {
+        let _ = writeln!(
+            log,
+            "crane: host {to}'s migrate-receive: {}",
+            line.trim().trim_start_matches("crane: ")
+        );
+    }
+    ensure!(
+        guest_domid(s, from)?.is_some() && guest_domid(s, to)?.is_none(),
+        "the refused guest does not run on host {from} alone"
+    );
+    let status = app_status(s, from, pid)?;
+    ensure!(
+        status
+            .as_ref()
+            .is_some_and(|st| st.mode == Mode::Passthrough),
+        "pid {pid} after the refused move: {status:?}"
+    );
+    let _ = writeln!(
+        log,
+        "crane: the guest stays on host {from}, pid {pid} back on its GPU (passthrough)"
+    );
+    restart_craned_with(s, to, "wait")?;
+    let _ = writeln!(
+        log,
+        "crane: host {to}: craned restarted with no_free_gpu = \"wait\""
+    );
+    Ok(log)
+}
+
+/// The XenStore trigger (see [`Move::Xenstore`]): writes the request on `from` with
+/// `xenstore-write`, follows craned's result until it is final, and on another host
+/// walks the guest through a destination without a free GPU: first refused there (see
+/// [`refused_move`]), then accepted to wait for one, with a craned restart.
+/// Returns the lines to show and the pre-migration stoppage craned reported.
+fn xenstore_move(
+    s: &Session,
+    app: &App,
+    from: usize,
+    to: usize,
+    pid: u32,
+) -> anyhow::Result<(String, Option<f64>)> {
+    use crane_xs::admin::AdminState;
+    let mut log = String::new();
+    let starve = from != to;
+    if starve {
+        // Another domain holds the destination's only GPU.
+        s.dom0(
+            to,
+            &format!(
+                "cat > /etc/xen/crane/{HOLDER}.cfg <<'CFG'\nname = \"{HOLDER}\"\ntype = \"pv\"\n\
+                 memory = 96\nvcpus = 1\nkernel = \"{}\"\npci = [ \"{GUEST_STANDIN_BDF}\" ]\nCFG\n\
+                 xl pci-assignable-list | grep -q {GUEST_STANDIN_BDF} || \
+                 xl pci-assignable-add {GUEST_STANDIN_BDF}\n\
+                 xl create -p /etc/xen/crane/{HOLDER}.cfg",
+                crate::GUEST_KERNEL
+            ),
+        )?;
+        let _ = writeln!(
+            log,
+            "crane: host {to}'s GPU is held by the paused domain {HOLDER}"
+        );
+        log.push_str(&refused_move(s, from, to, pid)?);
+    }
+    let dest = if from == to {
+        format!("{WRAPPER} migrate-receive")
+    } else {
+        listen_for_migration(s, to)?
+    };
+    let (request, id) = write_request(s, from, &dest)?;
+    let _ = writeln!(log, "crane: host {from}: xenstore-write ... {request}");
+    let (result, phases) = follow_request(s, from, id, &mut log)?;
     let _ = writeln!(log, "crane: result: {}", result.format());
     ensure!(
         result.state == AdminState::Done,
@@ -1050,6 +1150,23 @@ fn xenstore_move(
     Ok((log, result.pre_stop_ms))
 }
 
+/// Stops crane-agent in the guest with `unload` as its module list written into its
+/// configuration; init starts it again. Returns once the old process is gone: a
+/// request posted from then on is answered by the new one, which reads the request
+/// key when it starts.
+fn restart_agent(s: &Session, unload: &str) -> anyhow::Result<()> {
+    s.domu(
+        0,
+        GUEST,
+        &format!(
+            "old=$(pidof crane-agent) && \
+             sed -i 's/^unload = .*/unload = {unload}/' /etc/crane/agent.toml && \
+             kill $old && while kill -0 $old 2>/dev/null; do sleep 0.1; done"
+        ),
+    )?;
+    Ok(())
+}
+
 /// The guest agent driven by hand, as an operator debugging it would: dom0 writes
 /// requests into the guest's `crane/request` with `xenstore-write` and detaches and
 /// attaches the GPU with `xl`. A malformed request is rejected and changes nothing;
@@ -1107,7 +1224,42 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         }
         .format()
     };
-    let seq = last_seq + 1;
+    // A module that refuses to unload: the agent restarted with squashfs (in use:
+    // PoCL's disk is mounted from it) after the GPU driver in its list. The driver
+    // goes, squashfs refuses, the agent loads the driver again, resumes the program
+    // and reports the failure; the guest carries on in passthrough.
+    restart_agent(s, "[\"e1000\", \"squashfs\"]")?;
+    let seq = last_seq + 2;
+    let failed = post(
+        &request(
+            seq,
+            Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy),
+        ),
+        seq,
+    )?;
+    ensure!(
+        field(&failed, "outcome") == Some("failed")
+            && field(&failed, "rollback") == Some("complete")
+            && failed.contains("squashfs"),
+        "a module that refuses to unload: {failed}"
+    );
+    let _ = writeln!(
+        log,
+        "crane: prepare-migrate, squashfs in the unload list -> {failed}"
+    );
+    ensure!(
+        field(&read("agent/state")?, "state") == Some("passthrough"),
+        "the agent left passthrough after a failed unload"
+    );
+    wait_gpu_bound(s, 0)?;
+    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+    ensure!(
+        status.mode == Mode::Passthrough,
+        "pid {pid} is {:?} after a failed prepare-migrate",
+        status.mode
+    );
+    restart_agent(s, "[\"e1000\"]")?;
+    let seq = last_seq + 3;
     let ready = post(
         &request(
             seq,

@@ -137,13 +137,13 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                     Ok(_) => (AdminState::Done, None),
                     Err(e @ MigrateError::StillHere { .. }) => {
                         let rb = rollback_text(m.roll_back(&guest));
-                        (AdminState::Failed, Some(format!("{e}; {rb}")))
+                        (AdminState::Failed, Some(format!("{rb}; {e}")))
                     }
                     Err(e) => (AdminState::Failed, Some(e.to_string())),
                 },
                 Err(why) => {
                     let rb = rollback_text(m.roll_back(&guest));
-                    (AdminState::Failed, Some(format!("{why}; {rb}")))
+                    (AdminState::Failed, Some(format!("{rb}; {why}")))
                 }
             };
             let (pre, bytes) = (job.pre_stop_ms, job.bytes);
@@ -303,7 +303,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 self.finish(guest, id, started, AdminState::Failed, |r| {
                     r.phase = Some("transfer".into());
                     r.pre_stop_ms = pre_stop_ms;
-                    r.error = Some(format!("{why}; {rb}"));
+                    r.error = Some(format!("{rb}; {why}"));
                 });
             }
         }

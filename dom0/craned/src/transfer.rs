@@ -149,13 +149,24 @@ impl Running for XlRunning {
         while self.readers.iter().any(|r| !r.is_finished()) && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let tail = self
-            .tail
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join(" | ");
+        let tail = failure_text(&self.tail.lock().unwrap_or_else(|e| e.into_inner()));
         log::warn!("{}: xl migrate ended with {status}", self.guest);
         Some(Err(format!("xl migrate ended with {status}: {tail}")))
+    }
+}
+
+/// xl's last lines for a failure's text: its warnings (libxl warns about
+/// harmless things on every migration) only where nothing else was said.
+fn failure_text(lines: &[String]) -> String {
+    let said: Vec<&str> = lines
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("libxl: warning:"))
+        .collect();
+    if said.is_empty() {
+        lines.join(" | ")
+    } else {
+        said.join(" | ")
     }
 }
 
@@ -182,6 +193,22 @@ mod tests {
             assert!(Instant::now() < until, "the transfer never ended");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    #[test]
+    fn failure_texts_leave_out_warnings_when_there_is_more() {
+        let l = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            failure_text(&l(&[
+                "libxl: warning: Device present in JSON but not in xenstore",
+                "libxl: error: truncated reading banner",
+            ])),
+            "libxl: error: truncated reading banner"
+        );
+        assert_eq!(
+            failure_text(&l(&["libxl: warning: a", "libxl: warning: b"])),
+            "libxl: warning: a | libxl: warning: b"
+        );
     }
 
     #[test]
