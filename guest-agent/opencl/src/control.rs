@@ -208,6 +208,11 @@ fn with_status(st: crane_control::AppStatus) -> Response {
     }
 }
 
+/// How long a status request may hold the application's calls while it waits
+/// for one that is under way: an observer (`cranectl list`, a monitor polling
+/// it) must not stall a busy application noticeably.
+const STATUS_PAUSE: Duration = Duration::from_millis(250);
+
 fn handle(req: Request) -> Response {
     let ok = |phases, residue| Response {
         ok: true,
@@ -223,8 +228,7 @@ fn handle(req: Request) -> Response {
             let paused = lifecycle::mode() != Mode::Suspended;
             // A process inside a long call (a program build) is still listed,
             // marked busy, without counts.
-            if paused && gate::shut(gate::CLOSED, Instant::now() + Duration::from_secs(2)).is_err()
-            {
+            if paused && gate::shut(gate::CLOSED, Instant::now() + STATUS_PAUSE).is_err() {
                 gate::open();
                 return match std::panic::catch_unwind(lifecycle::status_busy) {
                     Ok(st) => with_status(st),

@@ -185,6 +185,10 @@ fn heavy_barrier() {
     }
 }
 
+/// The longest pause between two looks at the threads still inside a call
+/// while the gate shuts: what a late call's exit may add to a suspend.
+const MAX_SHUT_PAUSE: Duration = Duration::from_millis(2);
+
 /// Moves the gate to `state` and, unless it opens it, waits up to `deadline` for
 /// every call that the new state does not admit to leave. On timeout the gate is
 /// left in `state` and the number of threads still inside is returned.
@@ -194,6 +198,11 @@ pub fn shut(state: u32, deadline: Instant) -> Result<(), usize> {
     heavy_barrier();
     // The caller (the control thread) is never inside an entry point itself.
     let me = MINE.with(Cell::get);
+    // Calls usually leave within microseconds; one that does not (a program
+    // build, a long wait) is waited for with a growing pause, so that the
+    // waiting costs no CPU the application's own threads need (a 200 µs poll
+    // took most of a slow guest's only CPU while a build ran).
+    let mut pause = Duration::from_micros(20);
     loop {
         let busy = THREADS
             .lock()
@@ -205,10 +214,12 @@ pub fn shut(state: u32, deadline: Instant) -> Result<(), usize> {
         if busy == 0 {
             return Ok(());
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Err(busy);
         }
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(MAX_SHUT_PAUSE);
     }
 }
 
