@@ -221,7 +221,8 @@ impl Move {
             }
             Move::Xenstore { from, to } => format!(
                 "XenStore request: migrate host {from} -> host {to} (remote mode); no GPU \
-                 free there until later, craned restarted meanwhile"
+                 free there: refused (policy refuse), then accepted to wait (policy wait), \
+                 craned restarted meanwhile"
             ),
         }
     }
@@ -1608,7 +1609,7 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         s.phase("the same program under crane, holding halfway");
         let by_hand = agent_by_hand(s, pid).context("driving the agent by hand")?;
         eprint!("{by_hand}");
-        s.phase("the agent driven by hand with xenstore-write and xl: rejected, parked, resumed");
+        s.phase("the agent driven by hand with xenstore-write and xl: rejected, a module that will not unload rolled back, parked, resumed");
         let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
         eprint!("{refused}");
         s.phase("proxy domain paused: xl migrate refused before anything changed");

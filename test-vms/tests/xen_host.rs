@@ -133,11 +133,14 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
             Move::SaveRestore { host: 1 }
         ]
     );
-    // The agent driven by hand: a malformed request rejected, then parked (driver
-    // unloaded, GPU detached and attached by xl) and resumed.
+    // The agent driven by hand: a malformed request rejected, a module that will
+    // not unload rolled back, then parked (driver unloaded, GPU detached and
+    // attached by xl) and resumed.
     let by_hand = report.by_hand.as_deref().unwrap_or_default();
     for want in [
         "outcome=rejected",
+        "outcome=failed",
+        "rollback=complete",
         "outcome=ready-for-detach",
         "outcome=resumed",
     ] {
@@ -160,8 +163,11 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
         match m.how {
             Move::Live { .. } => assert!(m.log.contains("for xl migrate (remote)"), "{}", m.log),
             Move::Xenstore { .. } => {
-                // Waited on the proxy for a GPU, across a craned restart.
+                // Refused by a destination without a free GPU, then waited on
+                // the proxy for one, across a craned restart.
                 for want in [
+                    "refusing the incoming domain",
+                    "state=failed",
                     "state=done",
                     "no GPU free",
                     "restarted",
