@@ -26,10 +26,12 @@ const RUNNER: &str = include_str!("../files/crane-runner");
 const GUEST_RUN: &str = include_str!("../files/crane-guest-run");
 
 /// Where dom0 finds the domU kernel and initramfs images (see [`domus`]): the GPU
-/// guest carrying crane, and the proxy domain.
+/// guest carrying crane, the proxy domain, and a plain domU (busybox and the
+/// command runner: the PV guest of the stop-and-copy check).
 pub const GUEST_KERNEL: &str = "/guest/vmlinuz";
 pub const CRANE_GUEST_INITRD: &str = "/guest/crane-guest.cpio.gz";
 pub const PROXY_INITRD: &str = "/guest/crane-proxy.cpio.gz";
+pub const PLAIN_INITRD: &str = "/guest/plain.cpio.gz";
 
 /// The workspace root (this crate sits one level below it).
 pub fn workspace_root() -> PathBuf {
@@ -80,6 +82,9 @@ pub fn build_images_with(
     let proxy = builder
         .domu("crane-proxy", &domus::proxy_spec(&artifacts, &opencl))
         .context("building the proxy domain's image")?;
+    let plain = builder
+        .domu("plain", &domus::plain_spec())
+        .context("building the plain domU's image")?;
     let kernel = builder.kernel()?;
     let dom0_spec = ImageSpec::default()
         .text("/usr/sbin/crane-runner", RUNNER, 0o755)
@@ -87,6 +92,7 @@ pub fn build_images_with(
         .file(&kernel, GUEST_KERNEL, 0o644)
         .file(&crane_guest, CRANE_GUEST_INITRD, 0o644)
         .file(&proxy, PROXY_INITRD, 0o644)
+        .file(&plain, PLAIN_INITRD, 0o644)
         .file(&opencl.image, domus::OPENCL_DISK, 0o444)
         .file(&artifacts.craned, "/usr/sbin/craned", 0o755)
         .file(&artifacts.crane, "/usr/sbin/crane", 0o755)

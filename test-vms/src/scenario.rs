@@ -41,6 +41,9 @@ pub const GUEST: &str = "gpuguest";
 pub const PROXY: &str = "proxy";
 pub const PROXY_IP: &str = "10.77.0.2";
 pub const GUEST_IP: &str = "10.77.0.3";
+/// The plain PV domain of the tier's stop-and-copy check.
+pub const PV_GUEST: &str = "pvguest";
+pub const PV_GUEST_IP: &str = "10.77.0.4";
 /// Memory of the GPU guest. A live migration copies all of it, so it is kept small:
 /// the OpenCL runtime comes from a disk, its pages are only cached. PoCL compiling a
 /// program caches about 150 MB of LLVM; with 256 MB the guest thrashed (every evicted
@@ -48,7 +51,7 @@ pub const GUEST_IP: &str = "10.77.0.3";
 pub const GUEST_MEMORY_MIB: u32 = 384;
 /// Memory of the proxy domain (PV, never live-migrated). PoCL compiling a program
 /// takes about 150 MB of LLVM: with 256 MB, crane-proxy died rebuilding the guest's
-/// program. (The tier's `xl save` of the proxy must fit in dom0's /run tmpfs.)
+/// program.
 pub const PROXY_MEMORY_MIB: u32 = 384;
 const MIGRATION_PORT: u16 = 8002;
 /// Where the program under crane runs in the guest: its pid, output, exit status, the
@@ -352,6 +355,20 @@ pub fn proxy_config() -> DomuConfig {
     }
 }
 
+/// A plain PV domain (busybox, the command runner): small, so that `xl save` and
+/// `xl restore` of it take seconds under emulation. (With 96 MB the kernel ran out
+/// of memory unpacking its 12 MB initramfs: Xen's swiotlb takes 64 MB of a PV
+/// domain.)
+pub fn pv_guest_config() -> DomuConfig {
+    DomuConfig {
+        name: PV_GUEST.into(),
+        kind: DomainKind::Pv,
+        address: format!("{PV_GUEST_IP}/24"),
+        memory_mib: 160,
+        ramdisk: crate::PLAIN_INITRD.into(),
+    }
+}
+
 pub fn guest_config() -> DomuConfig {
     DomuConfig {
         name: GUEST.into(),
@@ -638,8 +655,10 @@ pub fn run_native(s: &Session, host: usize, app: &App) -> anyhow::Result<AppRun>
 
 /// Starts the program in the background in the guest, under crane (the guest's
 /// environment puts crane's `libOpenCL.so.1` first), holding halfway until released,
-/// and a monitor that samples crane's view of it every second (cranectl costs
-/// 0.13 s of the guest's one emulated CPU); returns its pid.
+/// and a monitor that samples crane's view of it every 2 s (each cranectl run costs
+/// a few tenths of a second of the guest's one emulated CPU; the shortest mode it
+/// must see, `suspended` while the agent is driven by hand, lasts several seconds);
+/// returns its pid.
 pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<u32> {
     let runner = format!(
         "cd {APP_DIR}\nTESTAPP_HOLD={APP_DIR}/release {} > out 2> err &\necho $! > pid\n\
@@ -654,7 +673,7 @@ pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<
          now=$(cranectl --json list 2>/dev/null | \
          sed -n 's/.*\"pid\":\\([0-9]*\\),.*\"mode\":\"\\([a-z]*\\)\".*/\\1 \\2/p')\n\
          if [ -n \"$now\" ] && [ \"$now\" != \"$last\" ]; then echo \"$now\" >> {APP_DIR}/modes; last=$now; fi\n\
-         sleep 1\ndone\n"
+         sleep 2\ndone\n"
     );
     s.domu(
         host,

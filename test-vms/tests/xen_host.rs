@@ -1,8 +1,8 @@
 //! End-to-end tier on two emulated Xen hosts with linked bridges, in one boot:
 //!
 //! - the Xen plumbing crane relies on: HVM, passthrough and HAP; the hosts' linked
-//!   bridges; stop-and-copy (`xl save` / `xl restore`) of a PV domain, the proxy
-//!   domain, which an operator may create before craned runs;
+//!   bridges; stop-and-copy (`xl save` / `xl restore`) of a small PV domain; the
+//!   proxy domain created by the operator before craned runs;
 //! - crane as an operator runs it (`crane_test_vms::scenario`): craned in every dom0
 //!   (adopting the proxy domain and passing it its own GPU, publishing the guest's
 //!   token to crane-proxy), crane-agent in the HVM GPU guest, an OpenCL program there
@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use crane_control::Mode;
-use crane_test_vms::scenario::{self, App, GUEST, GUEST_IP, Move, PROXY, PROXY_IP};
+use crane_test_vms::scenario::{self, App, GUEST, GUEST_IP, Move, PROXY, PROXY_IP, PV_GUEST};
 use crane_test_vms::session::Session;
 use crane_test_vms::xl::{find_domain, parse_ping_received, parse_xl_list};
 
@@ -71,39 +71,41 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
     assert_eq!(dom0_list[0].memory_mib, 1024);
     s.phase("Xen checks: HVM, passthrough, HAP; bridges linked");
 
-    // --- PV stop-and-copy: the proxy domain, created by the operator before craned
-    // runs, saved and restored with its memory. (Before it ever holds a device: a PV
-    // domain that had a device attached and detached crashes when restored, Linux 6.1
-    // xen_irq_resume; docs/testbed.md.)
+    // --- The proxy domain, created by the operator before craned runs (craned
+    // adopts it), and the HVM guest, which takes minutes to boot under emulation:
+    // both boot meanwhile (the scenario finds them running).
     scenario::write_dom0_configs(&s).unwrap();
     s.dom0(0, &format!("xl create /etc/xen/crane/{PROXY}.cfg"))
         .unwrap();
-    // The HVM guest takes minutes to boot under emulation: it boots meanwhile
-    // (the scenario finds it running).
     scenario::create_domain(&s, 0, &scenario::guest_config()).unwrap();
-    scenario::wait_booted(&s, 0, PROXY).unwrap();
-    s.domu(0, PROXY, "echo crane-$$-marker > /run/marker")
+    // --- PV stop-and-copy: a small PV domain saved and restored with its memory.
+    // (Before it ever holds a device: a PV domain that had a device attached and
+    // detached crashes when restored, Linux 6.1 xen_irq_resume; docs/testbed.md.)
+    scenario::create_domain(&s, 0, &scenario::pv_guest_config()).unwrap();
+    scenario::wait_booted(&s, 0, PV_GUEST).unwrap();
+    s.domu(0, PV_GUEST, "echo crane-$$-marker > /run/marker")
         .unwrap();
-    let marker = s.domu(0, PROXY, "cat /run/marker").unwrap();
+    let marker = s.domu(0, PV_GUEST, "cat /run/marker").unwrap();
     s.dom0(
         0,
-        &format!("mkdir -p /run/xen-save && xl save {PROXY} /run/xen-save/proxy.chk"),
+        &format!("mkdir -p /run/xen-save && xl save {PV_GUEST} /run/xen-save/pv.chk"),
     )
     .unwrap();
-    assert!(find_domain(&parse_xl_list(&s.dom0(0, "xl list").unwrap()), PROXY).is_none());
+    assert!(find_domain(&parse_xl_list(&s.dom0(0, "xl list").unwrap()), PV_GUEST).is_none());
     s.dom0(
         0,
-        "xl restore /run/xen-save/proxy.chk && rm /run/xen-save/proxy.chk",
+        "xl restore /run/xen-save/pv.chk && rm /run/xen-save/pv.chk",
     )
     .unwrap();
-    assert!(find_domain(&parse_xl_list(&s.dom0(0, "xl list").unwrap()), PROXY).is_some());
-    assert_eq!(s.domu(0, PROXY, "cat /run/marker").unwrap(), marker);
+    assert!(find_domain(&parse_xl_list(&s.dom0(0, "xl list").unwrap()), PV_GUEST).is_some());
+    assert_eq!(s.domu(0, PV_GUEST, "cat /run/marker").unwrap(), marker);
     assert_eq!(
-        ping(&s, 0, Some(PROXY), DOM0_IP),
+        ping(&s, 0, Some(PV_GUEST), DOM0_IP),
         3,
-        "restored proxy reaches dom0"
+        "the restored PV domain reaches dom0"
     );
-    s.phase("PV proxy created, xl save + xl restore keep its memory");
+    s.dom0(0, &format!("xl destroy {PV_GUEST}")).unwrap();
+    s.phase("PV domain: xl save + xl restore keep its memory");
 
     // --- crane: craned, crane-agent, crane-proxy, the wrapper; three moves.
     let app = App::default();
