@@ -1248,15 +1248,22 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
     // PoCL's disk is mounted from it) after the GPU driver in its list. The driver
     // goes, squashfs refuses, the agent loads the driver again, resumes the program
     // and reports the failure; the guest carries on in passthrough.
-    restart_agent(s, "[\"e1000\", \"squashfs\"]")?;
-    let seq = last_seq + 2;
-    let failed = post(
-        &request(
+    let park = |seq| {
+        post(
+            &request(
+                seq,
+                Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy),
+            ),
             seq,
-            Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy),
-        ),
-        seq,
-    )?;
+        )
+    };
+    let expect_mode = |want: Mode, when: &str| -> anyhow::Result<()> {
+        let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+        ensure!(status.mode == want, "pid {pid} is {:?} {when}", status.mode);
+        Ok(())
+    };
+    restart_agent(s, "[\"e1000\", \"squashfs\"]")?;
+    let failed = park(last_seq + 2)?;
     ensure!(
         field(&failed, "outcome") == Some("failed")
             && field(&failed, "rollback") == Some("complete")
@@ -1272,32 +1279,16 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         "the agent left passthrough after a failed unload"
     );
     wait_gpu_bound(s, 0)?;
-    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
-    ensure!(
-        status.mode == Mode::Passthrough,
-        "pid {pid} is {:?} after a failed prepare-migrate",
-        status.mode
-    );
+    expect_mode(Mode::Passthrough, "after a failed prepare-migrate")?;
     restart_agent(s, "[\"e1000\"]")?;
     let seq = last_seq + 3;
-    let ready = post(
-        &request(
-            seq,
-            Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy),
-        ),
-        seq,
-    )?;
+    let ready = park(seq)?;
     ensure!(
         field(&ready, "outcome") == Some("ready-for-detach"),
         "prepare-migrate by hand: {ready}"
     );
     let _ = writeln!(log, "crane: prepare-migrate -> {ready}");
-    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
-    ensure!(
-        status.mode == Mode::Suspended,
-        "pid {pid} is {:?} after prepare-migrate (stop-and-copy)",
-        status.mode
-    );
+    expect_mode(Mode::Suspended, "after prepare-migrate (stop-and-copy)")?;
     ensure!(
         !s.domu(0, GUEST, "cat /proc/modules")?.contains("e1000 "),
         "the agent left the GPU driver loaded"
@@ -1319,12 +1310,7 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         "crane: GPU detached and attached with xl; prepare-resume -> {resumed}"
     );
     wait_gpu_bound(s, 0)?;
-    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
-    ensure!(
-        status.mode == Mode::Passthrough,
-        "pid {pid} is {:?} after prepare-resume",
-        status.mode
-    );
+    expect_mode(Mode::Passthrough, "after prepare-resume")?;
     Ok(log)
 }
 
