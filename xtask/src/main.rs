@@ -15,7 +15,9 @@
 //!   (copied into the guest image with its libraries) instead of pingpong.
 //!   Where no emulated host can run, or with `--local [--app PATH -- ARGS]`: the
 //!   suspend/resume cycle on this machine without a VM.
-//! * `cargo xtask bench [RUNS]` — added nanoseconds per call versus native.
+//! * `cargo xtask bench [RUNS] [--null-vendor]` — added nanoseconds per call
+//!   versus native (with `--null-vendor`, on a vendor that does nothing: the
+//!   loader's and crane's own costs, free of a real vendor's noise).
 //! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
@@ -377,11 +379,35 @@ fn bench(args: &[String]) -> Result<()> {
         .arg(root().join("benches/call_overhead.c"))
         .arg("-lOpenCL"))?;
     let lib = root().join("target/release/libcrane_opencl.so");
-    let runs: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let null_vendor = args.iter().any(|a| a == "--null-vendor");
+    let runs: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(3);
+    // With --null-vendor both runs call a vendor that does nothing
+    // (benches/nullvendor.c): natively the figures are the ICD loader's own
+    // cost per call, under crane crane's own.
+    let null_icd = root().join("target/bench/null-icd");
+    if null_vendor {
+        let so = root().join("target/bench/libnullvendor.so");
+        run(Command::new("gcc")
+            .args([
+                "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o",
+            ])
+            .arg(&so)
+            .arg(root().join("benches/nullvendor.c")))?;
+        std::fs::create_dir_all(&null_icd)?;
+        std::fs::write(null_icd.join("null.icd"), format!("{}\n", so.display()))?;
+        println!(
+            "vendor: benches/nullvendor.c (does nothing): the figures are the ICD loader's and crane's own costs"
+        );
+    }
     let mut best: Vec<(String, f64, f64)> = Vec::new();
     for _ in 0..runs {
         for under_crane in [false, true] {
             let mut c = Command::new(&exe);
+            if null_vendor {
+                c.env_remove("OCL_ICD_FILENAMES")
+                    .env("OCL_ICD_VENDORS", &null_icd)
+                    .env("CRANE_VENDOR", root().join("target/bench/libnullvendor.so"));
+            }
             if under_crane {
                 c.env("LD_PRELOAD", &lib)
                     .env("CRANE_RUN_DIR", std::env::temp_dir().join("crane-bench"));
