@@ -229,7 +229,14 @@ pub fn xl_config(settings: &ProxySettings, with_disk: bool) -> String {
         settings.address
     );
     let _ = writeln!(cfg, "serial = \"pty\"\nvnc = 0\nvga = \"none\"");
-    let _ = writeln!(cfg, "vif = [ \"bridge={}\" ]", settings.bridge);
+    // A fixed MAC: craned recreates a proxy domain that dies, and the guests'
+    // ARP caches must stay right for their sessions to reconnect.
+    let _ = writeln!(
+        cfg,
+        "vif = [ \"bridge={},mac={}\" ]",
+        settings.bridge,
+        crate::xl::stable_mac(&settings.address)
+    );
     if with_disk {
         let _ = writeln!(
             cfg,
@@ -484,7 +491,7 @@ mod tests {
             "kernel = \"/var/lib/crane/proxy/vmlinuz\"",
             "ramdisk = \"/var/lib/crane/proxy/crane-proxy.cpio.gz\"",
             "crane.ip=192.168.122.2/24",
-            "vif = [ \"bridge=xenbr0\" ]",
+            "vif = [ \"bridge=xenbr0,mac=00:16:3e:",
             "pci = [ \"0000:41:00.0\" ]",
         ] {
             assert!(cfg.contains(want), "{want} missing from\n{cfg}");

@@ -276,6 +276,8 @@ pub struct Report {
     pub by_hand: Option<String>,
     /// The wrapper's output when it refused a migration with the proxy paused.
     pub refused: Option<String>,
+    /// What happened when the proxy domain was destroyed ([`proxy_recreated`]).
+    pub recreated: String,
 }
 
 impl Report {
@@ -340,6 +342,7 @@ impl Report {
             self.crane.seconds,
             self.migrations.len()
         );
+        let _ = write!(out, "{}", self.recreated.replace("crane: ", ""));
         out
     }
 }
@@ -532,6 +535,50 @@ pub fn check_proxy(s: &Session) -> anyhow::Result<ProxyCheck> {
         gpu_slot,
         log: String::new(),
     })
+}
+
+/// craned's view of the proxy on host 0 (`crane status --json`).
+fn proxy_status(s: &Session) -> anyhow::Result<Option<craned_control::ProxyStatus>> {
+    let out = s.dom0(0, "/usr/sbin/crane status --json")?;
+    let st: craned_control::Status =
+        serde_json::from_str(&out).with_context(|| format!("parsing crane status: {out}"))?;
+    Ok(st.proxy)
+}
+
+/// The proxy domain dies (`xl destroy`): craned notices at its next check, creates
+/// it again from its configuration, passes it its GPU and publishes the tokens, and
+/// crane-proxy answers again ([`check_proxy`] on the new domain). Returns what
+/// craned reported.
+pub fn proxy_recreated(s: &Session) -> anyhow::Result<String> {
+    let before = proxy_status(s)?.context("craned reports no proxy")?;
+    let old = before.domid.context("craned reports no proxy domain")?;
+    ensure!(
+        before.healthy,
+        "the proxy is not healthy before: {before:?}"
+    );
+    s.dom0(0, &format!("xl destroy {PROXY}"))?;
+    let started = Instant::now();
+    wait_dom0(
+        s,
+        0,
+        "/usr/sbin/crane status --json",
+        Duration::from_secs(240),
+        |o| {
+            serde_json::from_str::<craned_control::Status>(o)
+                .ok()
+                .and_then(|st| st.proxy)
+                .is_some_and(|p| p.healthy && p.domid.is_some_and(|d| d != old))
+        },
+    )
+    .context("craned did not bring the destroyed proxy domain back")?;
+    let seconds = started.elapsed().as_secs_f64();
+    check_proxy(s).context("the recreated proxy domain")?;
+    let after = proxy_status(s)?.context("craned reports no proxy")?;
+    Ok(format!(
+        "crane: proxy domain {old} destroyed; craned created it again as domain {} \
+         with its GPU and the guest's token, crane-proxy answering after {seconds:.0} s\n",
+        after.domid.unwrap_or_default()
+    ))
 }
 
 /// Waits until the guest's agent has published its state in XenStore (craned set up
@@ -1236,14 +1283,58 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         field(&read("agent/state")?, "state") == Some("passthrough"),
         "the agent left passthrough after a malformed request"
     );
-    let request = |seq, op| {
+    let request_within = |seq, op, deadline_ms| {
         AgentRequest {
             seq,
             op,
-            deadline_ms: Some(MOVE_DEADLINE_MS),
+            deadline_ms: Some(deadline_ms),
         }
         .format()
     };
+    let request = |seq, op| request_within(seq, op, MOVE_DEADLINE_MS);
+    let stop_and_copy = || Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy);
+    // An app that does not answer in time: a second program under crane waits
+    // inside clWaitForEvents for a user event another of its threads completes
+    // only after minutes. prepare-migrate with a short deadline fails on it,
+    // the agent rolls back (the first program parked and resumed) and the
+    // guest stays in passthrough, both programs on the GPU.
+    let busy = start_busy_app(s)?;
+    let slow = post(
+        &request_within(last_seq + 2, stop_and_copy(), BUSY_DEADLINE_MS),
+        last_seq + 2,
+    )?;
+    let slow_resp = crane_xs::message::Response::parse(&slow)
+        .with_context(|| format!("the agent's answer {slow:?}"))?;
+    let why = slow_resp.error.clone().unwrap_or_default();
+    ensure!(
+        slow_resp.outcome == crane_xs::message::Outcome::Failed
+            && slow_resp.rollback == Some(crane_xs::message::Rollback::Complete)
+            && why.contains(&format!("pid {busy}"))
+            && why.contains("stayed inside OpenCL calls past the deadline"),
+        "an app that does not answer in time: {slow}"
+    );
+    let _ = writeln!(
+        log,
+        "crane: prepare-migrate, pid {busy} inside a long call -> {slow}"
+    );
+    ensure!(
+        field(&read("agent/state")?, "state") == Some("passthrough"),
+        "the agent left passthrough after an app did not answer in time"
+    );
+    for p in [pid, busy] {
+        let status = app_status(s, 0, p)?.with_context(|| format!("pid {p} is gone"))?;
+        ensure!(
+            status.mode == Mode::Passthrough,
+            "pid {p} is {:?} after the rolled-back prepare-migrate",
+            status.mode
+        );
+    }
+    // The waiting program exits: later requests drop it without waiting on it.
+    s.domu(
+        0,
+        GUEST,
+        &format!("kill {busy}; while kill -0 {busy} 2>/dev/null; do sleep 0.1; done"),
+    )?;
     // A module that refuses to unload: the agent restarted with squashfs (in use:
     // PoCL's disk is mounted from it) after the GPU driver in its list. The driver
     // goes, squashfs refuses, the agent loads the driver again, resumes the program
@@ -1263,7 +1354,7 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         Ok(())
     };
     restart_agent(s, "[\"e1000\", \"squashfs\"]")?;
-    let failed = park(last_seq + 2)?;
+    let failed = park(last_seq + 3)?;
     ensure!(
         field(&failed, "outcome") == Some("failed")
             && field(&failed, "rollback") == Some("complete")
@@ -1281,7 +1372,7 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
     wait_gpu_bound(s, 0)?;
     expect_mode(Mode::Passthrough, "after a failed prepare-migrate")?;
     restart_agent(s, "[\"e1000\"]")?;
-    let seq = last_seq + 3;
+    let seq = last_seq + 4;
     let ready = park(seq)?;
     ensure!(
         field(&ready, "outcome") == Some("ready-for-detach"),
@@ -1311,7 +1402,53 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
     );
     wait_gpu_bound(s, 0)?;
     expect_mode(Mode::Passthrough, "after prepare-resume")?;
+    // An old request written again (a replay, or a confused tool): out of
+    // sequence, rejected, nothing done.
+    let replayed = post(&request(seq, stop_and_copy()), seq)?;
+    ensure!(
+        field(&replayed, "outcome") == Some("rejected") && replayed.contains("sequence"),
+        "an out-of-sequence request: {replayed}"
+    );
+    let _ = writeln!(log, "crane: request {seq} written again -> {replayed}");
+    ensure!(
+        field(&read("agent/state")?, "state") == Some("passthrough"),
+        "the agent left passthrough after an out-of-sequence request"
+    );
+    expect_mode(Mode::Passthrough, "after an out-of-sequence request")?;
     Ok(log)
+}
+
+/// The deadline of the prepare-migrate that a program inside a long call
+/// cannot meet: long enough for the other program to park and come back.
+const BUSY_DEADLINE_MS: u64 = 8_000;
+
+/// Starts `badinput --wait-in-call` under crane in the guest: it waits inside
+/// clWaitForEvents for ten minutes. Returns its pid once it is inside.
+fn start_busy_app(s: &Session) -> anyhow::Result<u32> {
+    s.domu(
+        0,
+        GUEST,
+        &format!(
+            "rm -f /tmp/busy.out && cd /tmp && \
+             setsid {GUEST_TESTAPPS_DIR}/badinput --wait-in-call 600000 \
+             < /dev/null > /tmp/busy.out 2>&1 & echo $! > /tmp/busy.pid"
+        ),
+    )?;
+    let out = s.wait_domu(
+        0,
+        GUEST,
+        "cat /tmp/busy.pid; cat /tmp/busy.out",
+        Duration::from_secs(120),
+        |o| o.lines().any(|l| l.trim() == "waiting"),
+    )?;
+    let pid: u32 = out
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .with_context(|| format!("no pid for the waiting program: {out}"))?;
+    // It printed "waiting" just before entering the call.
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(pid)
 }
 
 /// With the proxy domain paused, `xl migrate` through the wrapper must be refused
@@ -1614,7 +1751,7 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         s.phase("the same program under crane, holding halfway");
         let by_hand = agent_by_hand(s, pid).context("driving the agent by hand")?;
         eprint!("{by_hand}");
-        s.phase("the agent driven by hand with xenstore-write and xl: rejected, a module that will not unload rolled back, parked, resumed");
+        s.phase("the agent driven by hand with xenstore-write and xl: malformed rejected, a program inside a long call and a module that will not unload rolled back, parked, resumed, a replayed request rejected");
         let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
         eprint!("{refused}");
         s.phase("proxy domain paused: xl migrate refused before anything changed");
@@ -1674,6 +1811,11 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         crane.result
     );
     proxy.log = s.domu(0, PROXY, "cat /var/log/crane-proxy.log")?;
+    let recreated = proxy_recreated(s).context("the proxy domain destroyed")?;
+    eprint!("{recreated}");
+    s.phase(
+        "the proxy domain destroyed: craned recreated it, its GPU bound, crane-proxy answering",
+    );
     Ok(Report {
         proxy,
         gpu_slot,
@@ -1683,6 +1825,7 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         migrations,
         by_hand: checks.as_ref().map(|c| c.0.clone()),
         refused: checks.map(|c| c.1),
+        recreated,
     })
 }
 

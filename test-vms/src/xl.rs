@@ -91,6 +91,21 @@ pub struct DomuConfig {
     pub ramdisk: String,
 }
 
+/// A MAC address that depends only on `seed` (Xen's OUI 00:16:3e and three bytes of
+/// FNV-1a of the seed). xl gives a domain without one a random address each time it
+/// is created, so a proxy domain that craned creates again would come back under a
+/// new address while the guests' ARP caches and the bridges still hold the old one;
+/// with a fixed one the guests reach it again at once.
+pub fn stable_mac(seed: &str) -> String {
+    let h = seed.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    let [_, a, b, c] = h.to_be_bytes();
+    // The first byte after the OUI stays below 0x80: xl's own random addresses
+    // set that bit, so the two never collide.
+    format!("00:16:3e:{:02x}:{b:02x}:{c:02x}", a & 0x7f)
+}
+
 impl DomuConfig {
     /// The xl configuration file. HVM domUs get no emulated NIC (`type=vif`): their
     /// network is the PV front end, as the proxy's is. The OpenCL disk is a PV disk
@@ -112,7 +127,7 @@ impl DomuConfig {
             "name = \"{name}\"\ntype = \"{kind}\"\nmemory = {memory}\nvcpus = 1\n\
              kernel = \"{kernel}\"\nramdisk = \"{ramdisk}\"\n\
              extra = \"console=hvc0 quiet {FAST_BOOT} {NO_KASLR} crane.hostname={name} crane.ip={address}\"\n\
-             vif = [ \"bridge=xenbr0,type=vif,script=vif-crane\" ]\n\
+             vif = [ \"bridge=xenbr0,type=vif,script=vif-crane,mac={mac}\" ]\n\
              disk = [ \"format=raw,vdev={vdev},access=ro,backendtype=phy,script=block-crane,target={disk}\" ]\n\
              passthrough = \"enabled\"\non_crash = \"preserve\"\n{hvm}",
             name = self.name,
@@ -120,6 +135,7 @@ impl DomuConfig {
             kernel = crate::GUEST_KERNEL,
             ramdisk = self.ramdisk,
             address = self.address,
+            mac = stable_mac(&self.name),
             vdev = domus::OPENCL_DISK_VDEV,
             disk = domus::OPENCL_DISK,
         )
@@ -129,6 +145,28 @@ impl DomuConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn domains_keep_their_mac_addresses() {
+        let a = stable_mac("crane-proxy");
+        assert_eq!(a, stable_mac("crane-proxy"));
+        assert_ne!(a, stable_mac("gpuguest"));
+        let bytes: Vec<u8> = a
+            .split(':')
+            .map(|x| u8::from_str_radix(x, 16).unwrap())
+            .collect();
+        assert_eq!(&bytes[..3], &[0x00, 0x16, 0x3e]);
+        assert!(bytes[3] < 0x80);
+        let cfg = DomuConfig {
+            name: "crane-proxy".into(),
+            kind: DomainKind::Pv,
+            address: "10.77.0.2/24".into(),
+            memory_mib: 384,
+            ramdisk: "/x".into(),
+        }
+        .render();
+        assert!(cfg.contains(&format!("mac={a}\"")), "{cfg}");
+    }
 
     #[test]
     fn parses_xl_list_lspci_and_ping() {

@@ -135,16 +135,19 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
             Move::SaveRestore { host: 1 }
         ]
     );
-    // The agent driven by hand: a malformed request rejected, a module that will
-    // not unload rolled back, then parked (driver unloaded, GPU detached and
-    // attached by xl) and resumed.
+    // The agent driven by hand: a malformed request rejected, a program inside
+    // a long call that cannot leave the GPU in time and a module that will not
+    // unload rolled back, then parked (driver unloaded, GPU detached and
+    // attached by xl) and resumed, and an old request written again rejected.
     let by_hand = report.by_hand.as_deref().unwrap_or_default();
     for want in [
         "outcome=rejected",
+        "inside a long call -> ",
         "outcome=failed",
         "rollback=complete",
         "outcome=ready-for-detach",
         "outcome=resumed",
+        "written again -> ",
     ] {
         assert!(by_hand.contains(want), "no {want} in:\n{by_hand}");
     }
@@ -210,6 +213,14 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
         opened >= 2 && closed >= 2,
         "crane-proxy's log:\n{}",
         report.proxy.log
+    );
+
+    // The proxy domain destroyed: craned created it again, with its GPU and the
+    // guest's token, and crane-proxy answers.
+    assert!(
+        report.recreated.contains("craned created it again"),
+        "{}",
+        report.recreated
     );
 
     // --- Network across the hosts: the guest (now on host 1) and the proxy (host 0).

@@ -1611,11 +1611,15 @@ int main(int argc, char **argv)
     memset(g_junk, 0xa5, 4096);
     struct env v;
     memset(&v, 0, sizeof v);
-    setup(&v);
     if (wait_ms > 0) {
+        /* A context is all the wait needs: no program to build (a build takes
+         * most of a minute under the testbed's emulation). */
+        pick_device(&v.platform, &v.dev);
+        v.ctx = make_context(v.platform, v.dev);
         wait_in_call(&v, wait_ms);
         return 0;
     }
+    setup(&v);
     if (work) {
         work_until_stdin_closes(&v);
         print_result();
