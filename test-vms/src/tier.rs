@@ -28,8 +28,8 @@ pub const REQUIRE_ENV: &str = "CRANE_REQUIRE_E2E";
 pub const E2E_ENV: &str = "CRANE_E2E";
 /// The state directories' prefix of the tier's hosts (`target/testbed/e2e-host0`, ...).
 pub const HOST_PREFIX: &str = "e2e-host";
-/// The tier fails itself past 10 minutes; this bounds a hung build or boot on top.
-const TIER_LIMIT: Duration = Duration::from_secs(25 * 60);
+/// The tier fails itself past 35 minutes; this bounds a hung build or boot on top.
+const TIER_LIMIT: Duration = Duration::from_secs(40 * 60);
 
 /// Whether the tier can run here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,7 +191,7 @@ fn stale_temporaries(dir: &Path) -> Vec<std::path::PathBuf> {
 
 /// Runs the tier (`CRANE_E2E=1 cargo test -p crane-test-vms --test xen_host`) in its
 /// own process group; kills it on SIGINT/SIGTERM/SIGHUP (then exits 130) and past
-/// 25 minutes, and cleans up after it in every case.
+/// 40 minutes, and cleans up after it in every case.
 pub fn run() -> anyhow::Result<()> {
     // A run killed with SIGKILL leaves no chance to clean up; do it now.
     for line in clean_up() {

@@ -250,10 +250,11 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
     eprintln!("whole tier: {:.1}s", total.as_secs_f64());
     // 10 to 12.5 minutes on an idle 2-core machine with the images cached, 16 minutes
     // in a clean clone's CI run (first downloads included); other builds on the same
-    // cores slow it further. Past 23 minutes something is wrong, not just slow (the
-    // driver kills the tier at 25).
+    // cores slow it further, and some machines of the same kind emulate at half that
+    // speed (18-21 minutes, 2026-11-25). Past 35 minutes something is wrong, not just
+    // slow (the driver kills the tier at 40).
     assert!(
-        total < Duration::from_secs(1380),
-        "the tier must fit in 23 minutes: {total:?}"
+        total < Duration::from_secs(35 * 60),
+        "the tier must fit in 35 minutes: {total:?}"
     );
 }

@@ -105,6 +105,18 @@ pub struct Phase {
     pub name: String,
     pub ms: f64,
     pub bytes: u64,
+    /// The step ran beside the others (a move to crane-proxy releases the
+    /// local objects and unloads the vendor library while the proxy rebuilds
+    /// them): it adds nothing to the transition's total.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub parallel: bool,
+}
+
+impl Phase {
+    /// The wall time of a transition made of `phases`.
+    pub fn total_ms(phases: &[Phase]) -> f64 {
+        phases.iter().filter(|p| !p.parallel).map(|p| p.ms).sum()
+    }
 }
 
 /// What a device left behind after unloading (must be empty).
@@ -197,6 +209,31 @@ pub const MAX_REQUEST: usize = 64 * 1024;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_phases_are_left_out_of_the_total_and_off_the_wire_when_false() {
+        let phase = |name: &str, ms, parallel| Phase {
+            name: name.into(),
+            ms,
+            bytes: 0,
+            parallel,
+        };
+        let phases = [
+            phase("drain", 1.0, false),
+            phase("release", 60.0, true),
+            phase("recreate", 100.0, false),
+            phase("wait-release", 0.5, false),
+        ];
+        assert_eq!(Phase::total_ms(&phases), 101.5);
+        let wire = serde_json::to_string(&phases[..2]).unwrap();
+        assert_eq!(
+            wire,
+            r#"[{"name":"drain","ms":1.0,"bytes":0},{"name":"release","ms":60.0,"bytes":0,"parallel":true}]"#
+        );
+        // An older peer's phases (no field) read as not parallel.
+        let old: Phase = serde_json::from_str(r#"{"name":"x","ms":2.0,"bytes":3}"#).unwrap();
+        assert!(!old.parallel);
+    }
 
     #[test]
     fn request_wire_form_is_stable() {

@@ -76,16 +76,19 @@ fn targets(run_dir: &Path, which: &str) -> Result<Vec<u32>> {
 }
 
 fn print_phases(pid: u32, verb: &str, r: &Response) {
-    let total: f64 = r.phases.iter().map(|p| p.ms).sum();
+    let total = crane_control::Phase::total_ms(&r.phases);
     let parts: Vec<String> = r
         .phases
         .iter()
         .map(|p| {
+            let mut s = format!("{} {:.1} ms", p.name, p.ms);
             if p.bytes > 0 {
-                format!("{} {:.1} ms ({} B)", p.name, p.ms, p.bytes)
-            } else {
-                format!("{} {:.1} ms", p.name, p.ms)
+                s += &format!(" ({} B)", p.bytes);
             }
+            if p.parallel {
+                s += " (in parallel)";
+            }
+            s
         })
         .collect();
     println!("{pid}: {verb} in {total:.1} ms: {}", parts.join(", "));

@@ -36,6 +36,10 @@ pub struct Config {
     /// buffers' maps itself, so the vendor pins nothing (see
     /// docs/architecture.md on NVIDIA).
     pub emulate_host_memory: bool,
+    /// `CRANE_PARALLEL_RELEASE=0`: a move to crane-proxy releases the local
+    /// objects and unloads the vendor library before the proxy rebuilds them,
+    /// not beside it (for measuring what the overlap buys).
+    pub parallel_release: bool,
 }
 
 pub fn get() -> &'static Config {
@@ -66,6 +70,7 @@ pub fn get() -> &'static Config {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(200),
             emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),
+            parallel_release: flag("CRANE_PARALLEL_RELEASE", true),
         }
     })
 }

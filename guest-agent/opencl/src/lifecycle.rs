@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use crane_control::{Mode, Phase, Residue};
 use crane_vendor_loader::DevicePolicy;
-use opencl_sys::cl_icd::_cl_icd_dispatch;
 use opencl_sys::*;
 
 use crate::api::{self, kernel, memory, program, queue as queue_api};
@@ -96,6 +95,7 @@ impl Timer {
             name: name.into(),
             ms: (now - self.t).as_secs_f64() * 1e3,
             bytes,
+            parallel: false,
         });
         self.t = now;
     }
@@ -133,8 +133,33 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     if mode() == Mode::Suspended {
         return Err("the process is already suspended".into());
     }
-    let end = Instant::now() + deadline;
     let mut tm = Timer::new();
+    park(deadline, &mut tm)?;
+    release_all();
+    unload_compilers();
+    tm.lap("release", 0);
+    if let Some(ms) = std::env::var("CRANE_UNLOAD_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        // Diagnostics (docs/architecture.md, NVIDIA): let the vendor's threads
+        // finish what they still owe before its code is unmapped.
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    let still_mapped = close_vendors(vendor::detach());
+    let mut res = residue();
+    res.libraries_still_mapped = still_mapped;
+    tm.lap("unload", 0);
+    set_mode(Mode::Suspended);
+    debug!("suspended: {:?}", tm.phases);
+    Ok((tm.phases, res))
+}
+
+/// The first steps of every suspend: new calls stopped, every queue drained,
+/// the gate shut, what RAM does not hold read back, events' states saved. On
+/// failure the application simply carries on.
+fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
+    let end = Instant::now() + deadline;
     quiesce_and_drain(end)?;
     tm.lap("drain", 0);
     if let Err(n) = gate::shut(gate::CLOSED, end) {
@@ -154,33 +179,7 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     };
     tm.lap("read-dirty", bytes);
     save_events();
-    release_all();
-    unload_compilers();
-    tm.lap("release", 0);
-    if let Some(ms) = std::env::var("CRANE_UNLOAD_DELAY_MS")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        // Diagnostics (docs/architecture.md, NVIDIA): let the vendor's threads
-        // finish what they still owe before its code is unmapped.
-        std::thread::sleep(Duration::from_millis(ms));
-    }
-    let reports = vendor::unload(&policy());
-    let mut res = residue();
-    for r in reports {
-        match r {
-            Ok(rep) => res.libraries_still_mapped.extend(
-                rep.libraries_still_mapped
-                    .iter()
-                    .map(|l| l.path.display().to_string()),
-            ),
-            Err(e) => warn!("unloading a vendor library: {e}"),
-        }
-    }
-    tm.lap("unload", 0);
-    set_mode(Mode::Suspended);
-    debug!("suspended: {:?}", tm.phases);
-    Ok((tm.phases, res))
+    Ok(())
 }
 
 /// Stops new calls and finishes every queue. A queue may be held up by a user
@@ -531,68 +530,142 @@ fn save_events() {
     }
 }
 
-fn release_kind<T: ClObject, F: Copy>(
-    sel: impl Fn(&_cl_icd_dispatch) -> Option<F> + Copy,
-    filter: impl Fn(&T) -> bool,
-) {
+/// What kind of vendor object a held handle is (its release function).
+#[derive(Clone, Copy)]
+enum Family {
+    Kernel,
+    Event,
+    Mem,
+    Sampler,
+    Program,
+    Queue,
+    Context,
+    Device,
+}
+
+/// One step of giving the vendor its objects back.
+enum Giveback {
+    Release(*mut c_void, Family),
+    /// Some vendors free memory (and unpin host memory) only when the queue
+    /// that last used it moves on: every queue finishes before it goes.
+    Finish(*mut c_void),
+}
+
+/// Vendor objects taken out of crane's objects, in the order they must be
+/// given back (dependents first), with the host memory of map write-backs
+/// that the vendor may read until their events are released.
+struct Held {
+    steps: Vec<Giveback>,
+    storage: Vec<Box<[u8]>>,
+}
+
+// SAFETY: vendor handles may be used from any thread, and crane's objects no
+// longer refer to these.
+unsafe impl Send for Held {}
+
+fn take_kind<T: ClObject>(out: &mut Vec<Giveback>, family: Family, filter: impl Fn(&T) -> bool) {
     for o in handle::live::<T>() {
         if !filter(&o) {
             continue;
         }
         let v = o.base().take_vendor();
         if !v.is_null() {
-            // SAFETY: crane's one reference to a live vendor object.
-            unsafe { vendor::release(v, sel) };
+            out.push(Giveback::Release(v, family));
+        }
+    }
+}
+
+/// Takes every vendor object out of crane's objects (their vendor pointers
+/// are cleared); [`give_back`] releases them.
+fn take_vendor_objects() -> Held {
+    let parked = std::mem::take(&mut *PARKED.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut steps = Vec::new();
+    let mut storage = Vec::new();
+    for (ev, bytes) in parked {
+        steps.push(Giveback::Release(ev as *mut c_void, Family::Event));
+        storage.push(bytes);
+    }
+    take_kind::<Kernel>(&mut steps, Family::Kernel, |_| true);
+    take_kind::<Event>(&mut steps, Family::Event, |_| true);
+    take_kind::<Mem>(&mut steps, Family::Mem, |m| {
+        matches!(m.kind, MemKind::Image { .. })
+    });
+    take_kind::<Mem>(&mut steps, Family::Mem, |m| {
+        matches!(m.kind, MemKind::SubBuffer { .. })
+    });
+    take_kind::<Mem>(&mut steps, Family::Mem, |_| true);
+    for q in handle::live::<Queue>() {
+        let v = q.base.vendor();
+        if !v.is_null() {
+            steps.push(Giveback::Finish(v));
+        }
+    }
+    take_kind::<Sampler>(&mut steps, Family::Sampler, |_| true);
+    take_kind::<Program>(&mut steps, Family::Program, |p| {
+        matches!(p.source, ProgramSource::Linked { .. })
+    });
+    take_kind::<Program>(&mut steps, Family::Program, |_| true);
+    take_kind::<Queue>(&mut steps, Family::Queue, |_| true);
+    take_kind::<Context>(&mut steps, Family::Context, |_| true);
+    take_kind::<Device>(&mut steps, Family::Device, |d| d.parent.is_some());
+    Held { steps, storage }
+}
+
+/// Releases held vendor objects in order.
+fn give_back(held: Held) {
+    for step in held.steps {
+        match step {
+            Giveback::Finish(v) => {
+                if let Ok(f) = vfn!(v, clFinish) {
+                    // SAFETY: a live vendor queue.
+                    unsafe { f(v.cast()) };
+                }
+            }
+            // SAFETY: crane's one reference to a live vendor object of that
+            // family, taken out of crane's objects.
+            Giveback::Release(v, family) => unsafe { release_family(v, family) },
+        }
+    }
+    drop(held.storage);
+}
+
+/// # Safety
+/// `v` must be crane's reference to a live vendor object of `family`.
+unsafe fn release_family(v: *mut c_void, family: Family) {
+    // SAFETY: the caller's contract; each family's own release function.
+    unsafe {
+        match family {
+            Family::Kernel => vendor::release(v, |d| d.clReleaseKernel),
+            Family::Event => vendor::release(v, |d| d.clReleaseEvent),
+            Family::Mem => vendor::release(v, |d| d.clReleaseMemObject),
+            Family::Sampler => vendor::release(v, |d| d.clReleaseSampler),
+            Family::Program => vendor::release(v, |d| d.clReleaseProgram),
+            Family::Queue => vendor::release(v, |d| d.clReleaseCommandQueue),
+            Family::Context => vendor::release(v, |d| d.clReleaseContext),
+            Family::Device => vendor::release(v, |d| d.clReleaseDevice),
         }
     }
 }
 
 /// Gives every vendor object back, dependents first.
 fn release_all() {
-    let parked = std::mem::take(&mut *PARKED.lock().unwrap_or_else(|e| e.into_inner()));
-    for (ev, _) in parked {
-        // SAFETY: crane's reference to a parked vendor event.
-        unsafe { vendor::release(ev as *mut c_void, |d| d.clReleaseEvent) };
-    }
-    macro_rules! rel {
-        ($f:ident) => {
-            |d: &_cl_icd_dispatch| d.$f
-        };
-    }
-    release_kind::<Kernel, _>(rel!(clReleaseKernel), |_| true);
-    release_kind::<Event, _>(rel!(clReleaseEvent), |_| true);
-    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| {
-        matches!(m.kind, MemKind::Image { .. })
-    });
-    release_kind::<Mem, _>(rel!(clReleaseMemObject), |m| {
-        matches!(m.kind, MemKind::SubBuffer { .. })
-    });
-    release_kind::<Mem, _>(rel!(clReleaseMemObject), |_| true);
-    // Some vendors free memory (and unpin host memory) only when the queue
-    // that last used it moves on: let every queue do so before it goes.
-    for q in handle::live::<Queue>() {
-        let v = q.base.vendor();
-        if let Ok(f) = vfn!(v, clFinish) {
-            // SAFETY: a live vendor queue.
-            unsafe { f(v.cast()) };
-        }
-    }
-    release_kind::<Sampler, _>(rel!(clReleaseSampler), |_| true);
-    release_kind::<Program, _>(rel!(clReleaseProgram), |p| {
-        matches!(p.source, ProgramSource::Linked { .. })
-    });
-    release_kind::<Program, _>(rel!(clReleaseProgram), |_| true);
-    release_kind::<Queue, _>(rel!(clReleaseCommandQueue), |_| true);
-    release_kind::<Context, _>(rel!(clReleaseContext), |_| true);
-    release_kind::<Device, _>(rel!(clReleaseDevice), |d| d.parent.is_some());
+    give_back(take_vendor_objects());
 }
 
 /// Asks each platform to drop its compiler and, on PoCL with
 /// POCL_ENABLE_UNINIT=1, to join its worker threads (see
-/// guest-agent/vendor-loader/NOTES.md).
+/// `config::prepare_pocl`), once no objects are left.
 fn unload_compilers() {
-    for p in vendor::platforms().unwrap_or_default() {
-        let v = p.base.vendor();
+    let platforms: Vec<*mut c_void> = vendor::platforms()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.base.vendor())
+        .collect();
+    unload_compilers_of(&platforms);
+}
+
+fn unload_compilers_of(platforms: &[*mut c_void]) {
+    for &v in platforms {
         if let Ok(f) = vfn!(v, clUnloadPlatformCompiler) {
             // SAFETY: a live vendor platform with no objects left.
             unsafe { f(v.cast()) };
@@ -600,11 +673,42 @@ fn unload_compilers() {
     }
 }
 
+/// Closes what [`vendor::detach`] took; the libraries that stayed mapped.
+fn close_vendors(detached: vendor::Detached) -> Vec<String> {
+    let mut still_mapped = Vec::new();
+    for r in detached.close(&policy()) {
+        match r {
+            Ok(rep) => still_mapped.extend(
+                rep.libraries_still_mapped
+                    .iter()
+                    .map(|l| l.path.display().to_string()),
+            ),
+            Err(e) => warn!("unloading a vendor library: {e}"),
+        }
+    }
+    still_mapped
+}
+
 /// Resumes after `suspend`: reload, recreate in dependency order, re-inject.
 pub fn resume() -> Result<Vec<Phase>, String> {
     if mode() != Mode::Suspended {
         return Err("the process is not suspended".into());
     }
+    let phases = rebuild()?;
+    reopen();
+    Ok(phases)
+}
+
+/// Lets the application's calls through again, in the mode of the loaded
+/// target.
+fn reopen() {
+    set_mode(running_mode());
+    gate::open();
+}
+
+/// Loads the target, recreates every object in dependency order and
+/// re-injects buffer contents; the gate stays shut.
+fn rebuild() -> Result<Vec<Phase>, String> {
     let mut tm = Timer::new();
     let remote = matches!(vendor::target(), Target::Remote { .. });
     vendor::load().map_err(|e| {
@@ -644,14 +748,9 @@ pub fn resume() -> Result<Vec<Phase>, String> {
         name: "reinject".into(),
         ms: inject.as_secs_f64() * 1e3,
         bytes,
+        parallel: false,
     });
-    set_mode(if remote {
-        Mode::Remote
-    } else {
-        Mode::Passthrough
-    });
-    gate::open();
-    debug!("resumed: {:?}", tm.phases);
+    debug!("rebuilt: {:?}", tm.phases);
     Ok(tm.phases)
 }
 
@@ -788,9 +887,11 @@ fn remote_sync(s: &crate::remote::Session) -> Result<(), cl_int> {
 }
 
 /// Passthrough (or suspended) to remote: the pre-migration critical path.
-/// The state goes to RAM and the local vendor library is unloaded exactly as
-/// for `suspend`; then the objects are recreated on crane-proxy from RAM. If
-/// the proxy cannot take them, the process goes back to where it was.
+/// The state goes to RAM as for `suspend`; then crane-proxy rebuilds the
+/// objects from RAM while a helper thread releases the local ones and unloads
+/// the local vendor library, and the application's calls resume once both are
+/// done (the vendor library is gone when this returns, as after `suspend`).
+/// If the proxy cannot take them, the process goes back to where it was.
 pub fn go_remote(
     addr: String,
     token: String,
@@ -800,34 +901,146 @@ pub fn go_remote(
     if was == Mode::Remote {
         return Err("the process is already remote".into());
     }
-    let (mut phases, residue) = if was == Mode::Passthrough {
-        suspend(deadline)?
-    } else {
-        (Vec::new(), Residue::default())
-    };
     let before = vendor::target();
-    vendor::set_target(Target::Remote {
+    let remote = Target::Remote {
         addr: addr.clone(),
         token,
-    });
-    match resume() {
+    };
+    if was == Mode::Suspended {
+        vendor::set_target(remote);
+        return resume().map(|p| (p, Residue::default())).map_err(|e| {
+            vendor::set_target(before);
+            format!("moving to crane-proxy at {addr} failed: {e}; it stays suspended")
+        });
+    }
+    let mut tm = Timer::new();
+    park(deadline, &mut tm)?;
+    let parallel = crate::config::get().parallel_release;
+    let releaser = Releaser::start(take_vendor_objects(), vendor::detach(), parallel);
+    set_mode(Mode::Suspended);
+    vendor::set_target(remote);
+    let rebuilt = rebuild();
+    let waited = Instant::now();
+    let released = releaser.finish();
+    let mut res = residue();
+    res.libraries_still_mapped = released.still_mapped;
+    for (name, d) in [("release", released.release), ("unload", released.unload)] {
+        tm.phases.push(Phase {
+            name: name.into(),
+            ms: d.as_secs_f64() * 1e3,
+            bytes: 0,
+            parallel,
+        });
+    }
+    match rebuilt {
         Ok(p) => {
-            phases.extend(p);
-            Ok((phases, residue))
+            tm.phases.extend(p);
+            tm.phases.push(Phase {
+                name: "wait-release".into(),
+                ms: waited.elapsed().as_secs_f64() * 1e3,
+                bytes: 0,
+                parallel: false,
+            });
+            reopen();
+            Ok((tm.phases, res))
         }
         Err(e) => {
             vendor::set_target(before);
-            let back = if was == Mode::Passthrough {
-                match resume() {
-                    Ok(_) => "it carries on locally".to_string(),
-                    Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
-                }
-            } else {
-                "it stays suspended".to_string()
+            let back = match resume() {
+                Ok(_) => "it carries on locally".to_string(),
+                Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
             };
             Err(format!(
                 "moving to crane-proxy at {addr} failed: {e}; {back}"
             ))
+        }
+    }
+}
+
+/// What the helper thread of a move to crane-proxy did.
+struct Released {
+    release: Duration,
+    unload: Duration,
+    still_mapped: Vec<String>,
+}
+
+/// Releases taken vendor objects and closes the detached vendor libraries on
+/// a helper thread (on the calling thread if none can be started).
+struct Releaser {
+    thread: Option<std::thread::JoinHandle<Released>>,
+    work: Arc<Mutex<Option<(Held, vendor::Detached)>>>,
+    /// Done before the proxy rebuilt anything (`CRANE_PARALLEL_RELEASE=0`).
+    done: Option<Released>,
+}
+
+impl Releaser {
+    /// Starts the helper (`parallel`), or does the work at once.
+    fn start(held: Held, detached: vendor::Detached, parallel: bool) -> Releaser {
+        let work = Arc::new(Mutex::new(Some((held, detached))));
+        if !parallel {
+            let done = Self::run(&work);
+            return Releaser {
+                thread: None,
+                work,
+                done: Some(done),
+            };
+        }
+        let mine = work.clone();
+        let thread = std::thread::Builder::new()
+            .name("crane-release".into())
+            .spawn(move || Self::run(&mine))
+            .map_err(|e| warn!("releasing on this thread: cannot start a helper ({e})"))
+            .ok();
+        Releaser {
+            thread,
+            work,
+            done: None,
+        }
+    }
+
+    fn run(work: &Mutex<Option<(Held, vendor::Detached)>>) -> Released {
+        let taken = work.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some((held, detached)) = taken else {
+            return Released {
+                release: Duration::ZERO,
+                unload: Duration::ZERO,
+                still_mapped: Vec::new(),
+            };
+        };
+        let t = Instant::now();
+        give_back(held);
+        unload_compilers_of(detached.platforms());
+        let release = t.elapsed();
+        let still_mapped = close_vendors(detached);
+        Released {
+            release,
+            unload: t.elapsed() - release,
+            still_mapped,
+        }
+    }
+
+    /// Waits for the helper; whatever it did not take (it could not be
+    /// started, or it panicked before taking it) is done here.
+    fn finish(self) -> Released {
+        if let Some(done) = self.done {
+            return done;
+        }
+        let joined = self.thread.and_then(|t| {
+            t.join()
+                .map_err(|_| warn!("the release helper panicked"))
+                .ok()
+        });
+        match joined {
+            Some(r)
+                if self
+                    .work
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_none() =>
+            {
+                r
+            }
+            _ => Self::run(&self.work),
         }
     }
 }

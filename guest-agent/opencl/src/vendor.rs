@@ -547,36 +547,81 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
 /// Unloads every vendor library. Crane's platform and device handles stay; their
 /// vendor pointers are cleared.
 pub fn unload(policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
+    detach().close(policy)
+}
+
+/// The loaded vendors, taken out of crane's state by [`detach`]: crane is left
+/// with nothing loaded (the next [`load`] opens its target afresh) while these
+/// are given back, possibly on another thread (a move to crane-proxy releases
+/// the local objects and unloads the local vendor while the proxy rebuilds
+/// them).
+pub struct Detached {
+    /// The vendor handles of crane's platforms.
+    platforms: Vec<*mut c_void>,
+    /// The vendor handles of crane's root devices.
+    devices: Vec<*mut c_void>,
+    loaded: Vec<Option<Loaded>>,
+}
+
+// SAFETY: vendor handles and libraries may be used from any thread; crane's
+// state no longer refers to them.
+unsafe impl Send for Detached {}
+
+/// Takes the loaded vendors and the vendor handles of crane's platforms and
+/// devices out of crane's state.
+pub fn detach() -> Detached {
     let mut st = state();
-    let remote = st
-        .loaded
+    let platforms = st.platforms.iter().map(|p| p.base.take_vendor()).collect();
+    let devices = st
+        .devices
         .iter()
         .flatten()
-        .any(|l| matches!(l.backend, Backend::Remote(_)));
-    let taken = st
-        .platforms
-        .iter()
-        .map(|p| p.base.take_vendor())
-        .chain(st.devices.iter().flatten().map(|d| d.base.take_vendor()))
-        .collect::<Vec<_>>();
-    if remote {
-        // Remote platforms and devices are crane's own objects: free them.
-        for v in taken.into_iter().filter(|v| !v.is_null()) {
-            remote::release(v);
-        }
+        .map(|d| d.base.take_vendor())
+        .collect();
+    Detached {
+        platforms,
+        devices,
+        loaded: std::mem::take(&mut st.loaded),
     }
-    let loaded = std::mem::take(&mut st.loaded);
-    loaded
-        .into_iter()
-        .flatten()
-        .filter_map(|l| match l.backend {
-            Backend::Native(lib) => Some(lib.close(policy).map_err(|e| e.to_string())),
-            Backend::Remote(s) => {
-                s.close();
-                None
+}
+
+impl Detached {
+    /// The vendor platforms (null where a vendor had none loaded).
+    pub fn platforms(&self) -> &[*mut c_void] {
+        &self.platforms
+    }
+
+    /// Closes the vendor libraries (a remote session: frees crane's remote
+    /// platform and device objects and ends the session).
+    pub fn close(self, policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
+        let remote = self
+            .loaded
+            .iter()
+            .flatten()
+            .any(|l| matches!(l.backend, Backend::Remote(_)));
+        if remote {
+            // Remote platforms and devices are crane's own objects: free them.
+            for v in self
+                .platforms
+                .into_iter()
+                .chain(self.devices)
+                .filter(|v| !v.is_null())
+            {
+                remote::release(v);
             }
-        })
-        .collect()
+        }
+        self.loaded
+            .into_iter()
+            .flatten()
+            .filter_map(|l| match l.backend {
+                Backend::Native(lib) => Some(lib.close(policy).map_err(|e| e.to_string())),
+                Backend::Remote(s) => {
+                    s.close();
+                    None
+                }
+            })
+            .collect()
+    }
 }
 
 fn describe(t: &Target) -> String {

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The test corpus on a real GPU: each program natively, then under crane
+# (preloaded) with suspend/resume cycles at random moments. Its whole output must
+# equal the native run's, and after every suspend the process must hold no GPU
+# device descriptor or mapping, no mapping of the vendor's libraries and no
+# thread of the vendor (crane's own count, `cranectl suspend`, checked against
+# /proc here for descriptors and mappings).
+#
+#   benches/gpu-corpus.sh DIR [PROGRAM...]
+#
+# DIR holds libcrane_opencl.so, cranectl and testapps/ (testapps/build.sh
+# DIR/testapps). The vendor is the ICD loader's: set OCL_ICD_FILENAMES (e.g.
+# libnvidia-opencl.so.1) to pick one. Prints one line per program and
+# "N passed, N failed" last; exits non-zero if any program failed.
+set -uo pipefail
+dir=$(cd "${1:?usage: gpu-corpus.sh DIR [PROGRAM...]}" && pwd)
+shift
+progs=("$@")
+[ ${#progs[@]} -gt 0 ] ||
+    progs=(pingpong subbuffers images localmem maps copies events programs frameloop multictx)
+declare -A iters=([pingpong]=30000 [subbuffers]=6000 [images]=20000 [localmem]=6000 [maps]=6000
+    [copies]=6000 [events]=4000 [programs]=2000 [frameloop]=3000 [multictx]=4000)
+work=$(mktemp -d)
+export CRANE_RUN_DIR=$work/run
+devices='/dev/(nvidia|dri/|kfd)'
+vendor_libs='libcuda\.so|libnvidia-opencl|libnvidia-ptxjitcompiler|libamdocl|libigdrcl'
+passed=0
+failed=0
+for p in "${progs[@]}"; do
+    n=${iters[$p]:-3000}
+    if ! "$dir/testapps/$p" --iters "$n" > "$work/$p.native" 2> /dev/null; then
+        echo "$p: the native run failed"
+        failed=$((failed + 1))
+        continue
+    fi
+    LD_PRELOAD=$dir/libcrane_opencl.so "$dir/testapps/$p" --iters "$n" \
+        > "$work/$p.crane" 2> "$work/$p.err" &
+    pid=$!
+    sock=$CRANE_RUN_DIR/apps/$pid.sock
+    while kill -0 "$pid" 2> /dev/null && [ ! -S "$sock" ]; do sleep 0.01; done
+    cycles=0
+    refused=
+    problems=()
+    suspend_ms=()
+    while kill -0 "$pid" 2> /dev/null; do
+        sleep "0.$(printf %03d $((RANDOM % 250 + 30)))"
+        if ! out=$("$dir/cranectl" suspend "$pid" 2>&1); then
+            # The program ended meanwhile, or was inside a long call.
+            refused=$out
+            continue
+        fi
+        fds=$(ls -l "/proc/$pid/fd" 2> /dev/null | grep -cE "$devices")
+        maps=$(grep -cE "$devices|$vendor_libs" "/proc/$pid/maps" 2> /dev/null)
+        left=$(grep -o 'device fds left [0-9]*, device mappings left [0-9]*, vendor threads left [0-9]*' <<< "$out")
+        if [ "$fds" != 0 ] || [ "$maps" != 0 ] ||
+            [ "$left" != "device fds left 0, device mappings left 0, vendor threads left 0" ]; then
+            problems+=("after suspend $((cycles + 1)): /proc: $fds device fds, $maps device or vendor mappings; crane: ${left:-no residue line}")
+        fi
+        total=$(grep -oE 'suspended in [0-9.]+ ms' <<< "$out" | head -1)
+        if [ -n "$total" ]; then
+            total=${total#suspended in }
+            suspend_ms+=("${total% ms}")
+        fi
+        if ! "$dir/cranectl" resume "$pid" > /dev/null 2>&1; then
+            problems+=("resume $((cycles + 1)) failed")
+            break
+        fi
+        cycles=$((cycles + 1))
+    done
+    wait "$pid"
+    status=$?
+    if [ "$status" = 0 ] && cmp -s "$work/$p.native" "$work/$p.crane" && [ ${#problems[@]} = 0 ] &&
+        [ "$cycles" -gt 0 ]; then
+        echo "$p: identical to native after $cycles suspend/resume cycles (--iters $n; suspend ms: ${suspend_ms[*]:-n/a})"
+        passed=$((passed + 1))
+    else
+        echo "$p: FAILED (status $status, $cycles cycles, --iters $n)"
+        for x in "${problems[@]}"; do echo "    $x"; done
+        cmp "$work/$p.native" "$work/$p.crane" | sed 's/^/    /'
+        [ -n "$refused" ] && echo "    last refused suspend: $refused"
+        tail -5 "$work/$p.err" | sed 's/^/    stderr: /'
+        failed=$((failed + 1))
+    fi
+done
+rm -rf "$work"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
