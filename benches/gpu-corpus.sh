@@ -46,7 +46,7 @@ for p in "${progs[@]}"; do
         sleep "0.$(printf %03d $((RANDOM % 250 + 30)))"
         if ! out=$("$dir/cranectl" suspend "$pid" 2>&1); then
             # The program ended meanwhile, or was inside a long call.
-            refused=$out
+            [ -z "$refused" ] && refused=$out
             continue
         fi
         fds=$(ls -l "/proc/$pid/fd" 2> /dev/null | grep -cE "$devices")
@@ -77,7 +77,7 @@ for p in "${progs[@]}"; do
         echo "$p: FAILED (status $status, $cycles cycles, --iters $n)"
         for x in "${problems[@]}"; do echo "    $x"; done
         cmp "$work/$p.native" "$work/$p.crane" | sed 's/^/    /'
-        [ -n "$refused" ] && echo "    last refused suspend: $refused"
+        [ -n "$refused" ] && echo "    first refused suspend: $refused"
         tail -5 "$work/$p.err" | sed 's/^/    stderr: /'
         failed=$((failed + 1))
     fi

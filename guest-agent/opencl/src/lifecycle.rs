@@ -353,6 +353,10 @@ fn read_back() -> ClResult<u64> {
                 let mut data = vec![0u8; region.iter().product::<usize>() * px];
                 let origin = [0usize; 3];
                 with_queue(&m.context, &queues, |q| {
+                    // Pitches 0: tightly packed, as `data` is. "slice_pitch ...
+                    // must be 0 if image is a 1D or 2D image": NVIDIA refuses a
+                    // 2D image's read with any other (CL_INVALID_VALUE), PoCL
+                    // did not.
                     // SAFETY: `data` holds the whole image tightly packed.
                     check(unsafe {
                         vfn!(q, clEnqueueReadImage)?(
@@ -361,8 +365,8 @@ fn read_back() -> ClResult<u64> {
                             CL_TRUE,
                             origin.as_ptr(),
                             region.as_ptr(),
-                            region[0] * px,
-                            region[0] * region[1] * px,
+                            0,
+                            0,
                             data.as_mut_ptr().cast(),
                             0,
                             std::ptr::null(),
