@@ -146,6 +146,54 @@ struct StreamReader {
     deadline: Option<Instant>,
 }
 
+/// How long the session thread watches its socket for the client's next bytes
+/// before it sleeps in `read` (`CRANE_PROXY_IDLE_SPIN_US`, default 100, 0:
+/// never). A remoted frame loop sends its next batch a few microseconds after
+/// it got its answer; a sleeping session thread costs each batch a wake-up.
+static IDLE_SPIN: std::sync::LazyLock<Duration> = std::sync::LazyLock::new(|| {
+    Duration::from_micros(
+        std::env::var("CRANE_PROXY_IDLE_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(100),
+    )
+});
+
+impl Stream {
+    /// One `recv` that does not block: `WouldBlock` when nothing is there.
+    fn recv_now(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        // SAFETY: `buf` is writable for its length; the socket is ours.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+impl StreamReader {
+    /// Watches the socket for up to `IDLE_SPIN`; `None` when nothing came.
+    fn spin(&self, buf: &mut [u8]) -> Option<io::Result<usize>> {
+        let until = Instant::now() + *IDLE_SPIN;
+        loop {
+            match self.stream.recv_now(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                r => return Some(r),
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
 impl Read for StreamReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if let Some(d) = self.deadline {
@@ -155,7 +203,10 @@ impl Read for StreamReader {
             }
             self.stream.set_read_timeout(Some(left))?;
         }
-        let r = (&*self.stream).read(buf);
+        let watched = (self.deadline.is_none() && !IDLE_SPIN.is_zero())
+            .then(|| self.spin(buf))
+            .flatten();
+        let r = watched.unwrap_or_else(|| (&*self.stream).read(buf));
         if crate::trace::on() {
             let g = &*crate::trace::GLOBAL;
             crate::trace::add(&g.reads, 1);

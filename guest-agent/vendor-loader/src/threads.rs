@@ -43,10 +43,26 @@ fn start_time(stat: &str) -> Option<u64> {
     after_name.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The kernel's PF_EXITING task flag (include/linux/sched.h): set when a
+/// thread enters `exit`, before the kernel clears its tid and so wakes its
+/// joiner. Such a thread runs no user code any more, and its `pthread_t` may
+/// already be gone (joined), though `/proc` still lists it for a moment.
+const PF_EXITING: u64 = 0x4;
+
+/// Field 9 (flags) of a `stat` line, counted from the last `)` as for
+/// [`start_time`].
+fn task_flags(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(6)?.parse().ok()
+}
+
 fn is_running(task: Task) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{}/stat", task.tid)) else {
         return false;
     };
+    if task_flags(&stat).is_some_and(|f| f & PF_EXITING != 0) {
+        return false;
+    }
     task.start_time.is_none() || start_time(&stat) == task.start_time
 }
 
@@ -126,8 +142,9 @@ pub(crate) fn cancel_threads(
             name: thread_name(task.tid),
             start_library: start.map(|o| o.path),
         };
-        // SAFETY: the thread still runs (checked just above through its tid
-        // and start time), so its pthread_t is valid; the thread belongs to
+        // SAFETY: the thread still runs and is not exiting (checked just
+        // above through its tid, start time and flags), so it has not been
+        // joined and its pthread_t is valid; the thread belongs to
         // the vendor library that is being unloaded, and nothing will call
         // into that library again.
         let rc = unsafe { pthread_cancel(pthread) };
@@ -157,6 +174,20 @@ mod tests {
     fn start_time_is_read_past_a_name_with_spaces_and_parentheses() {
         let stat = "4242 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 19 20";
         assert_eq!(start_time(stat), Some(987654));
+        assert_eq!(task_flags(stat), Some(6));
+    }
+
+    #[test]
+    fn an_exiting_thread_does_not_count_as_running() {
+        // A thread that has returned and been joined may still be listed for
+        // a moment, flagged as exiting: its pthread_t must not be cancelled.
+        let exiting = "4242 (worker) R 1 2 3 4 5 4194372 7 8 9 10 11 12 13 14 15 16 17 18 987654";
+        assert_eq!(
+            task_flags(exiting).map(|f| f & PF_EXITING),
+            Some(PF_EXITING)
+        );
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        assert_eq!(task_flags(&stat).map(|f| f & PF_EXITING), Some(0));
     }
 
     #[test]
