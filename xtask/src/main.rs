@@ -237,7 +237,8 @@ fn xen_demo(hosts: usize, app: Option<crane_test_vms::scenario::App>) -> Result<
          an HVM guest; {} {} there natively, then under crane (the guest's libOpenCL.so.1) \
          while the guest moves: `xl migrate` through the wrapper and a request written to \
          XenStore, each {} (the program runs on crane-proxy meanwhile), then `xl save` / \
-         `xl restore` (the program parked in RAM)",
+         `xl restore` (the program parked in RAM); finally the proxy domain is destroyed \
+         and craned creates it again",
         app.program,
         app.args.join(" "),
         if hosts == 2 {
