@@ -127,26 +127,35 @@ pub fn emulation_stalled(prefix: &str) -> bool {
     })
 }
 
+/// Runs `attempt`, and once more when it failed and the Xen console of a host
+/// whose state directories start with `prefix` shows an emulation stall
+/// ([`EMULATION_STALL`]), saying so loudly on stderr (`what` names the run).
+pub fn once_more_if_stalled<T>(
+    what: &str,
+    prefix: &str,
+    mut attempt: impl FnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    match attempt() {
+        Err(e) if emulation_stalled(prefix) => {
+            eprintln!(
+                "{what}: THE EMULATED MACHINE STALLED (Xen: \"{EMULATION_STALL}\"), and the run \
+                 failed: {e:#}\n{what}: running it once more on new hosts"
+            );
+            attempt()
+        }
+        other => other,
+    }
+}
+
 /// `cargo xtask demo` on emulated Xen hosts (1 or 2, owned by this process): the
 /// scenario of [`scenario`], each phase printed as it ends. A run that failed
 /// because the emulated machine stalled is started once more, from new hosts.
 pub fn demo(hosts: usize, app: &scenario::App) -> anyhow::Result<scenario::Report> {
     const PREFIX: &str = "demo-host";
-    let first = {
+    once_more_if_stalled("demo", PREFIX, || {
         let mut session = session::Session::boot_with(PREFIX, hosts, &app.guest_files())?;
         scenario::run(&mut session, app)
-    };
-    match first {
-        Err(e) if emulation_stalled(PREFIX) => {
-            eprintln!(
-                "==== the emulated machine stalled (Xen: \"{EMULATION_STALL}\"); \
-                 the run failed with: {e:#}\n==== starting once more on new hosts"
-            );
-            let mut session = session::Session::boot_with(PREFIX, hosts, &app.guest_files())?;
-            scenario::run(&mut session, app)
-        }
-        other => other,
-    }
+    })
 }
 
 /// What [`build_images`] makes: what QEMU boots, and the domU images dom0 carries.

@@ -1271,18 +1271,6 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         )
         .map(|o| o.trim().to_owned())
     };
-    let mut log = String::new();
-    // Malformed: rejected with the seq it carried, the guest untouched.
-    let bad = post(&format!("seq={} op=explode", last_seq + 1), last_seq + 1)?;
-    ensure!(
-        field(&bad, "outcome") == Some("rejected"),
-        "a malformed request was not rejected: {bad}"
-    );
-    let _ = writeln!(log, "crane: malformed request -> {bad}");
-    ensure!(
-        field(&read("agent/state")?, "state") == Some("passthrough"),
-        "the agent left passthrough after a malformed request"
-    );
     let request_within = |seq, op, deadline_ms| {
         AgentRequest {
             seq,
@@ -1293,6 +1281,28 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
     };
     let request = |seq, op| request_within(seq, op, MOVE_DEADLINE_MS);
     let stop_and_copy = || Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy);
+    let park = |seq| post(&request(seq, stop_and_copy()), seq);
+    let expect_mode = |p: u32, want: Mode, when: &str| -> anyhow::Result<()> {
+        let status = app_status(s, 0, p)?.with_context(|| format!("pid {p} is gone"))?;
+        ensure!(status.mode == want, "pid {p} is {:?} {when}", status.mode);
+        Ok(())
+    };
+    let expect_agent_passthrough = |when: &str| -> anyhow::Result<()> {
+        ensure!(
+            field(&read("agent/state")?, "state") == Some("passthrough"),
+            "the agent left passthrough {when}"
+        );
+        Ok(())
+    };
+    let mut log = String::new();
+    // Malformed: rejected with the seq it carried, the guest untouched.
+    let bad = post(&format!("seq={} op=explode", last_seq + 1), last_seq + 1)?;
+    ensure!(
+        field(&bad, "outcome") == Some("rejected"),
+        "a malformed request was not rejected: {bad}"
+    );
+    let _ = writeln!(log, "crane: malformed request -> {bad}");
+    expect_agent_passthrough("after a malformed request")?;
     // An app that does not answer in time: a second program under crane waits
     // inside clWaitForEvents for a user event another of its threads completes
     // only after minutes. prepare-migrate with a short deadline fails on it,
@@ -1317,17 +1327,13 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         log,
         "crane: prepare-migrate, pid {busy} inside a long call -> {slow}"
     );
-    ensure!(
-        field(&read("agent/state")?, "state") == Some("passthrough"),
-        "the agent left passthrough after an app did not answer in time"
-    );
+    expect_agent_passthrough("after an app did not answer in time")?;
     for p in [pid, busy] {
-        let status = app_status(s, 0, p)?.with_context(|| format!("pid {p} is gone"))?;
-        ensure!(
-            status.mode == Mode::Passthrough,
-            "pid {p} is {:?} after the rolled-back prepare-migrate",
-            status.mode
-        );
+        expect_mode(
+            p,
+            Mode::Passthrough,
+            "after the rolled-back prepare-migrate",
+        )?;
     }
     // The waiting program exits: later requests drop it without waiting on it.
     s.domu(
@@ -1339,20 +1345,6 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
     // PoCL's disk is mounted from it) after the GPU driver in its list. The driver
     // goes, squashfs refuses, the agent loads the driver again, resumes the program
     // and reports the failure; the guest carries on in passthrough.
-    let park = |seq| {
-        post(
-            &request(
-                seq,
-                Op::PrepareMigrate(crane_xs::message::MigrateMode::StopAndCopy),
-            ),
-            seq,
-        )
-    };
-    let expect_mode = |want: Mode, when: &str| -> anyhow::Result<()> {
-        let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
-        ensure!(status.mode == want, "pid {pid} is {:?} {when}", status.mode);
-        Ok(())
-    };
     restart_agent(s, "[\"e1000\", \"squashfs\"]")?;
     let failed = park(last_seq + 3)?;
     ensure!(
@@ -1365,12 +1357,9 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         log,
         "crane: prepare-migrate, squashfs in the unload list -> {failed}"
     );
-    ensure!(
-        field(&read("agent/state")?, "state") == Some("passthrough"),
-        "the agent left passthrough after a failed unload"
-    );
+    expect_agent_passthrough("after a failed unload")?;
     wait_gpu_bound(s, 0)?;
-    expect_mode(Mode::Passthrough, "after a failed prepare-migrate")?;
+    expect_mode(pid, Mode::Passthrough, "after a failed prepare-migrate")?;
     restart_agent(s, "[\"e1000\"]")?;
     let seq = last_seq + 4;
     let ready = park(seq)?;
@@ -1379,7 +1368,11 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         "prepare-migrate by hand: {ready}"
     );
     let _ = writeln!(log, "crane: prepare-migrate -> {ready}");
-    expect_mode(Mode::Suspended, "after prepare-migrate (stop-and-copy)")?;
+    expect_mode(
+        pid,
+        Mode::Suspended,
+        "after prepare-migrate (stop-and-copy)",
+    )?;
     ensure!(
         !s.domu(0, GUEST, "cat /proc/modules")?.contains("e1000 "),
         "the agent left the GPU driver loaded"
@@ -1401,20 +1394,17 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         "crane: GPU detached and attached with xl; prepare-resume -> {resumed}"
     );
     wait_gpu_bound(s, 0)?;
-    expect_mode(Mode::Passthrough, "after prepare-resume")?;
+    expect_mode(pid, Mode::Passthrough, "after prepare-resume")?;
     // An old request written again (a replay, or a confused tool): out of
     // sequence, rejected, nothing done.
-    let replayed = post(&request(seq, stop_and_copy()), seq)?;
+    let replayed = park(seq)?;
     ensure!(
         field(&replayed, "outcome") == Some("rejected") && replayed.contains("sequence"),
         "an out-of-sequence request: {replayed}"
     );
     let _ = writeln!(log, "crane: request {seq} written again -> {replayed}");
-    ensure!(
-        field(&read("agent/state")?, "state") == Some("passthrough"),
-        "the agent left passthrough after an out-of-sequence request"
-    );
-    expect_mode(Mode::Passthrough, "after an out-of-sequence request")?;
+    expect_agent_passthrough("after an out-of-sequence request")?;
+    expect_mode(pid, Mode::Passthrough, "after an out-of-sequence request")?;
     Ok(log)
 }
 

@@ -212,19 +212,12 @@ pub fn run() -> anyhow::Result<()> {
     })
     .context("installing the signal handler")?;
     let started = Instant::now();
-    let first = run_once();
-    let result = match first {
-        Err(e) if crate::emulation_stalled(HOST_PREFIX) && !INTERRUPTED.load(Ordering::SeqCst) => {
-            eprintln!(
-                "e2e tier: THE EMULATED MACHINE STALLED (Xen: \"{}\"), and the tier failed: \
-                 {e:#}\ne2e tier: running it once more on new hosts",
-                crate::EMULATION_STALL
-            );
-            run_once()
+    crate::once_more_if_stalled("e2e tier", HOST_PREFIX, || {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            anyhow::bail!("the end-to-end tier was interrupted");
         }
-        other => other,
-    };
-    result?;
+        run_once()
+    })?;
     eprintln!(
         "e2e tier: passed in {:.0} s",
         started.elapsed().as_secs_f64()

@@ -962,90 +962,78 @@ pub fn go_remote(
 }
 
 /// What the helper thread of a move to crane-proxy did.
+#[derive(Default)]
 struct Released {
     release: Duration,
     unload: Duration,
     still_mapped: Vec<String>,
 }
 
-/// Releases taken vendor objects and closes the detached vendor libraries on
-/// a helper thread (on the calling thread if none can be started).
-struct Releaser {
-    thread: Option<std::thread::JoinHandle<Released>>,
-    work: Arc<Mutex<Option<(Held, vendor::Detached)>>>,
+/// Gives taken vendor objects back and closes the detached vendor libraries.
+fn release_and_close(held: Held, detached: vendor::Detached) -> Released {
+    let t = Instant::now();
+    give_back(held);
+    unload_compilers_of(detached.platforms());
+    let release = t.elapsed();
+    let still_mapped = close_vendors(detached);
+    Released {
+        release,
+        unload: t.elapsed() - release,
+        still_mapped,
+    }
+}
+
+type Work = Arc<Mutex<Option<(Held, vendor::Detached)>>>;
+
+/// The release of the local objects during a move to crane-proxy.
+enum Releaser {
     /// Done before the proxy rebuilt anything (`CRANE_PARALLEL_RELEASE=0`).
-    done: Option<Released>,
+    Done(Released),
+    /// On a helper thread (none if it could not be started); whoever takes
+    /// the work out of `work` does it.
+    Helper {
+        thread: Option<std::thread::JoinHandle<Released>>,
+        work: Work,
+    },
 }
 
 impl Releaser {
     /// Starts the helper (`parallel`), or does the work at once.
     fn start(held: Held, detached: vendor::Detached, parallel: bool) -> Releaser {
-        let work = Arc::new(Mutex::new(Some((held, detached))));
         if !parallel {
-            let done = Self::run(&work);
-            return Releaser {
-                thread: None,
-                work,
-                done: Some(done),
-            };
+            return Releaser::Done(release_and_close(held, detached));
         }
+        let work: Work = Arc::new(Mutex::new(Some((held, detached))));
         let mine = work.clone();
         let thread = std::thread::Builder::new()
             .name("crane-release".into())
-            .spawn(move || Self::run(&mine))
+            .spawn(move || Self::take_and_run(&mine))
             .map_err(|e| warn!("releasing on this thread: cannot start a helper ({e})"))
             .ok();
-        Releaser {
-            thread,
-            work,
-            done: None,
-        }
+        Releaser::Helper { thread, work }
     }
 
-    fn run(work: &Mutex<Option<(Held, vendor::Detached)>>) -> Released {
+    fn take_and_run(work: &Mutex<Option<(Held, vendor::Detached)>>) -> Released {
         let taken = work.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let Some((held, detached)) = taken else {
-            return Released {
-                release: Duration::ZERO,
-                unload: Duration::ZERO,
-                still_mapped: Vec::new(),
-            };
-        };
-        let t = Instant::now();
-        give_back(held);
-        unload_compilers_of(detached.platforms());
-        let release = t.elapsed();
-        let still_mapped = close_vendors(detached);
-        Released {
-            release,
-            unload: t.elapsed() - release,
-            still_mapped,
-        }
+        taken.map_or_else(Released::default, |(held, detached)| {
+            release_and_close(held, detached)
+        })
     }
 
     /// Waits for the helper; whatever it did not take (it could not be
     /// started, or it panicked before taking it) is done here.
     fn finish(self) -> Released {
-        if let Some(done) = self.done {
-            return done;
-        }
-        let joined = self.thread.and_then(|t| {
+        let (thread, work) = match self {
+            Releaser::Done(r) => return r,
+            Releaser::Helper { thread, work } => (thread, work),
+        };
+        let joined = thread.and_then(|t| {
             t.join()
                 .map_err(|_| warn!("the release helper panicked"))
                 .ok()
         });
-        match joined {
-            Some(r)
-                if self
-                    .work
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_none() =>
-            {
-                r
-            }
-            _ => Self::run(&self.work),
-        }
+        let leftover = Self::take_and_run(&work);
+        joined.unwrap_or(leftover)
     }
 }
 

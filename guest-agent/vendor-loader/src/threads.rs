@@ -34,13 +34,22 @@ pub(crate) fn current_task() -> Task {
     }
 }
 
-/// Field 22 (starttime) of a `stat` line. The second field, the command
-/// name in parentheses, may itself contain spaces and parentheses, so the
-/// fields are counted from the last `)`.
-fn start_time(stat: &str) -> Option<u64> {
+/// Numeric field `n` (1-based, as in proc(5)) of a `stat` line. The second
+/// field, the command name in parentheses, may itself contain spaces and
+/// parentheses, so the fields are counted from the last `)`.
+fn stat_field(stat: &str, n: usize) -> Option<u64> {
     let after_name = &stat[stat.rfind(')')? + 1..];
-    // Fields 3.. follow the name; starttime is field 22, the 20th of them.
-    after_name.split_whitespace().nth(19)?.parse().ok()
+    // Fields 3.. follow the name.
+    after_name
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
+}
+
+/// Field 22 (starttime) of a `stat` line.
+fn start_time(stat: &str) -> Option<u64> {
+    stat_field(stat, 22)
 }
 
 /// The kernel's PF_EXITING task flag (include/linux/sched.h): set when a
@@ -49,11 +58,9 @@ fn start_time(stat: &str) -> Option<u64> {
 /// already be gone (joined), though `/proc` still lists it for a moment.
 const PF_EXITING: u64 = 0x4;
 
-/// Field 9 (flags) of a `stat` line, counted from the last `)` as for
-/// [`start_time`].
+/// Field 9 (flags) of a `stat` line.
 fn task_flags(stat: &str) -> Option<u64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(6)?.parse().ok()
+    stat_field(stat, 9)
 }
 
 fn is_running(task: Task) -> bool {
