@@ -14,7 +14,6 @@
 //! call waits). Nested calls (an application callback calling OpenCL from inside
 //! a vendor call) always pass: the outer call is already counted.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, compiler_fence, fence};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -38,16 +37,96 @@ struct ThreadSlot {
 static THREADS: Mutex<Vec<&'static ThreadSlot>> = Mutex::new(Vec::new());
 
 thread_local! {
-    static MINE: Cell<Option<&'static ThreadSlot>> = const { Cell::new(None) };
     static OWNER: SlotOwner = const { SlotOwner };
 }
 
 struct SlotOwner;
 impl Drop for SlotOwner {
     fn drop(&mut self) {
-        if let Ok(Some(s)) = MINE.try_with(Cell::get) {
+        if let Some(s) = mine::get() {
+            // A call from a later destructor of this thread registers anew.
+            mine::set(None);
             s.in_use.store(false, Ordering::Release);
         }
+    }
+}
+
+/// This thread's slot, in one word of initial-exec ("static") TLS.
+///
+/// `thread_local!` in a shared library compiles to the general-dynamic TLS
+/// model: every entry point would call `__tls_get_addr` through the PLT, a
+/// good part of the 10 ns budget. Rust has no stable way to pick the TLS
+/// model, so on x86-64 Linux the word is declared in assembly (`.tbss`) and
+/// read `%fs`-relative through its GOT slot, which is what C compiled with
+/// `-ftls-model=initial-exec` does (Mesa's and glibc's own dispatch code do
+/// the same). The price is 8 bytes of the static TLS block; when the library
+/// is dlopen()ed (ICD mode) glibc takes them from the surplus it keeps for
+/// exactly this (the link marks the library DF_STATIC_TLS).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod mine {
+    use super::ThreadSlot;
+
+    std::arch::global_asm!(
+        ".pushsection .tbss.crane_gate_mine,\"awT\",@nobits",
+        ".p2align 3",
+        ".globl crane_gate_mine",
+        ".hidden crane_gate_mine",
+        ".type crane_gate_mine,@object",
+        ".size crane_gate_mine,8",
+        "crane_gate_mine:",
+        ".zero 8",
+        ".popsection",
+    );
+
+    #[inline(always)]
+    pub fn get() -> Option<&'static ThreadSlot> {
+        let p: *const ThreadSlot;
+        // SAFETY: reads this thread's own TLS word (offset from the GOT,
+        // base in %fs); it touches nothing else.
+        unsafe {
+            std::arch::asm!(
+                "mov {p}, qword ptr [rip + crane_gate_mine@GOTTPOFF]",
+                "mov {p}, qword ptr fs:[{p}]",
+                p = out(reg) p,
+                options(nostack, readonly, preserves_flags),
+            );
+        }
+        // SAFETY: the word is null or a slot from `register`, leaked and
+        // never freed.
+        unsafe { p.as_ref() }
+    }
+
+    pub fn set(slot: Option<&'static ThreadSlot>) {
+        let p: *const ThreadSlot = slot.map_or(std::ptr::null(), |s| s);
+        // SAFETY: writes this thread's own TLS word and nothing else.
+        unsafe {
+            std::arch::asm!(
+                "mov {t}, qword ptr [rip + crane_gate_mine@GOTTPOFF]",
+                "mov qword ptr fs:[{t}], {p}",
+                t = out(reg) _,
+                p = in(reg) p,
+                options(nostack, preserves_flags),
+            );
+        }
+    }
+}
+
+/// Elsewhere: the same word through `thread_local!`.
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+mod mine {
+    use super::ThreadSlot;
+
+    thread_local! {
+        static MINE: Cell<Option<&'static ThreadSlot>> = const { Cell::new(None) };
+    }
+
+    #[inline(always)]
+    pub fn get() -> Option<&'static ThreadSlot> {
+        MINE.try_with(Cell::get).ok().flatten()
+    }
+
+    pub fn set(slot: Option<&'static ThreadSlot>) {
+        let _ = MINE.try_with(|m| m.set(slot));
     }
 }
 
@@ -90,7 +169,7 @@ fn register() -> &'static ThreadSlot {
             s
         }
     };
-    MINE.with(|m| m.set(Some(slot)));
+    mine::set(Some(slot));
     // Touch OWNER so its destructor runs when this thread exits. `try_with`:
     // a call from another thread-local destructor, after OWNER's own has run,
     // must not panic here, outside every catch_unwind (the slot then stays
@@ -114,7 +193,7 @@ impl Drop for Pass {
 /// Enters an entry point; blocks while the gate is shut for this call.
 #[inline(always)]
 pub fn enter(exempt_while_quiescing: bool) -> Pass {
-    let slot = match MINE.with(Cell::get) {
+    let slot = match mine::get() {
         Some(s) => s,
         None => register(),
     };
@@ -160,7 +239,7 @@ fn wait_open(slot: &'static ThreadSlot, exempt: bool) -> Pass {
 /// a call the suspender is waiting for), but counts as inside, so that suspend
 /// waits for the application's callback to return.
 pub fn enter_callback() -> Pass {
-    let slot = match MINE.with(Cell::get) {
+    let slot = match mine::get() {
         Some(s) => s,
         None => register(),
     };
@@ -197,7 +276,7 @@ pub fn shut(state: u32, deadline: Instant) -> Result<(), usize> {
     STATE.store(state, Ordering::SeqCst);
     heavy_barrier();
     // The caller (the control thread) is never inside an entry point itself.
-    let me = MINE.with(Cell::get);
+    let me = mine::get();
     // Calls usually leave within microseconds; one that does not (a program
     // build, a long wait) is waited for with a growing pause, so that the
     // waiting costs no CPU the application's own threads need (a 200 µs poll

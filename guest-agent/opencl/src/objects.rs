@@ -309,11 +309,66 @@ pub enum ArgKind {
     Unknown,
 }
 
+/// A copy of a plain-bytes kernel argument. Scalars and small vectors (up to 16
+/// bytes, nearly every argument there is) are kept inline, and the common
+/// sizes are copied with one load and one store instead of a call to memcpy:
+/// `clSetKernelArg` is the hottest call there is (docs/benchmarks.md).
+#[derive(Clone)]
+pub enum ArgBytes {
+    Inline {
+        len: u8,
+        data: [u8; ArgBytes::INLINE],
+    },
+    Heap(Box<[u8]>),
+}
+
+impl ArgBytes {
+    pub const INLINE: usize = 16;
+
+    /// Copies `len` bytes from `p`.
+    ///
+    /// # Safety
+    /// `p` must point to `len` readable bytes (any alignment).
+    #[inline(always)]
+    pub unsafe fn copy_from(p: *const u8, len: usize) -> ArgBytes {
+        let mut data = [0u8; Self::INLINE];
+        let d = data.as_mut_ptr();
+        // SAFETY: the caller's promise covers `len` bytes at `p`, and every
+        // branch writes at most `len` ≤ INLINE bytes into `data`.
+        unsafe {
+            match len {
+                4 => d
+                    .cast::<u32>()
+                    .write_unaligned(p.cast::<u32>().read_unaligned()),
+                8 => d
+                    .cast::<u64>()
+                    .write_unaligned(p.cast::<u64>().read_unaligned()),
+                16 => d
+                    .cast::<u128>()
+                    .write_unaligned(p.cast::<u128>().read_unaligned()),
+                0..=Self::INLINE => std::ptr::copy_nonoverlapping(p, d, len),
+                _ => return ArgBytes::Heap(std::slice::from_raw_parts(p, len).into()),
+            }
+        }
+        ArgBytes::Inline {
+            len: len as u8,
+            data,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            ArgBytes::Inline { len, data } => &data[..*len as usize],
+            ArgBytes::Heap(b) => b,
+        }
+    }
+}
+
 /// The recorded value of one kernel argument.
 #[derive(Clone)]
 pub enum ArgValue {
     Unset,
-    Bytes(smallvec::SmallVec<[u8; 16]>),
+    Bytes(ArgBytes),
     /// A crane memory object, sampler or queue handle, with its slot generation.
     Handle(*const Slot, u32),
     /// `clSetKernelArg(k, i, sizeof(cl_mem), &NULL)` and the like.
@@ -387,5 +442,28 @@ cl_object!(Event, Event, clReleaseEvent);
 impl Event {
     pub fn is_user(&self) -> bool {
         self.command_type == CL_COMMAND_USER
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ArgBytes;
+
+    #[test]
+    fn arg_bytes_keep_every_length_exactly() {
+        // Unaligned on purpose: the application's bytes may sit anywhere.
+        let src: Vec<u8> = (0..=64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        for len in 0..=63 {
+            let from = &src[1..1 + len];
+            // SAFETY: `from` holds `len` bytes.
+            let b = unsafe { ArgBytes::copy_from(from.as_ptr(), len) };
+            assert_eq!(b.as_slice(), from, "length {len}");
+            assert_eq!(
+                matches!(b, ArgBytes::Inline { .. }),
+                len <= ArgBytes::INLINE,
+                "length {len} stored in the wrong place"
+            );
+            assert_eq!(b.clone().as_slice(), from);
+        }
     }
 }

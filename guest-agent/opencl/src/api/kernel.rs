@@ -5,7 +5,6 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
-use smallvec::SmallVec;
 
 use super::*;
 use crate::entry::{self, ClResult, bytes_of, write_info};
@@ -270,8 +269,11 @@ pub fn apply_arg(vk: *mut c_void, i: u32, a: &ArgValue) -> ClResult<()> {
     let f = vfn!(vk, clSetKernelArg)?;
     let rc = match a {
         ArgValue::Unset => return Ok(()),
-        // SAFETY: the recorded bytes.
-        ArgValue::Bytes(b) => unsafe { f(vk.cast(), i, b.len(), b.as_ptr().cast()) },
+        ArgValue::Bytes(b) => {
+            let b = b.as_slice();
+            // SAFETY: the recorded bytes.
+            unsafe { f(vk.cast(), i, b.len(), b.as_ptr().cast()) }
+        }
         ArgValue::Handle(slot, generation_) => {
             let v = handle::resolve::<Mem>(*slot, *generation_)
                 .map(|m| m.base.vendor())
@@ -342,9 +344,7 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
             unsafe { f(vk.cast(), index, size, (&raw const v).cast()) }
         } else if kind == ArgKind::Unknown {
             // SAFETY: the application's bytes.
-            record = ArgValue::Bytes(SmallVec::from_slice(unsafe {
-                std::slice::from_raw_parts(value.cast::<u8>(), size)
-            }));
+            record = ArgValue::Bytes(unsafe { ArgBytes::copy_from(value.cast(), size) });
             // SAFETY: forwarding plain bytes.
             unsafe { f(vk.cast(), index, size, value) }
         } else {
@@ -356,9 +356,7 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
         }
     } else {
         // SAFETY: the application passes `size` readable bytes.
-        record = ArgValue::Bytes(SmallVec::from_slice(unsafe {
-            std::slice::from_raw_parts(value.cast::<u8>(), size)
-        }));
+        record = ArgValue::Bytes(unsafe { ArgBytes::copy_from(value.cast(), size) });
         // SAFETY: forwarding plain bytes.
         unsafe { f(vk.cast(), index, size, value) }
     };

@@ -360,8 +360,9 @@ pub fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize, mode: &
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
-        "{app} failed under crane ({}): {stderr}",
-        mode.name
+        "{app} failed under crane ({}), {} after {cycles} suspend/resume cycles: {stderr}",
+        mode.name,
+        out.status
     );
     Run {
         result: result_line(&out.stdout),
