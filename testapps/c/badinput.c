@@ -28,6 +28,9 @@
  *              a status request while the process is inside a call)
  *   --work     runs and checks a kernel in a loop until stdin is closed (the
  *              control-socket tests poke the socket meanwhile).
+ *   --binary-hold
+ *              asks for a program's binary size, waits for a line on stdin,
+ *              then for the binary (the tests suspend and resume in between).
  *
  * Ends with `RESULT badinput <hash of the case lines>` like every corpus program.
  */
@@ -1544,6 +1547,49 @@ static void work_until_stdin_closes(struct env *v)
     printf("work ok\n");
 }
 
+/* --binary-hold: "binary sized" once CL_PROGRAM_BINARY_SIZES has answered; after
+ * a line on stdin, CL_PROGRAM_BINARIES into a buffer of exactly that size
+ * followed by guard bytes, which must stay untouched (the control-socket tests
+ * suspend and resume the process in between, which rebuilds the program); a
+ * program made from that binary must then compute like the original. */
+static void binary_hold(struct env *v)
+{
+    /* No launch first: PoCL 3.1 keeps the binary it serialises for
+     * CL_PROGRAM_BINARY_SIZES and crashes on CL_PROGRAM_BINARIES for a program
+     * never asked for its sizes (a rebuilt one). */
+    size_t n = 0;
+    CK(clGetProgramInfo(v->prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL));
+    if (n == 0)
+        fail("program binary size is 0");
+    printf("binary sized\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin))
+        fail("stdin closed before the binary was asked for");
+    enum { GUARD = 4096 };
+    unsigned char *bin = xmalloc(n + GUARD);
+    memset(bin + n, 0xa5, GUARD);
+    unsigned char *bins[1] = {bin};
+    CK(clGetProgramInfo(v->prog, CL_PROGRAM_BINARIES, sizeof bins, bins, NULL));
+    for (size_t i = 0; i < GUARD; i++)
+        if (bin[n + i] != 0xa5)
+            fail("CL_PROGRAM_BINARIES wrote past the size CL_PROGRAM_BINARY_SIZES gave");
+    cl_int err, status;
+    const unsigned char *cbin = bin;
+    cl_program p = clCreateProgramWithBinary(v->ctx, 1, &v->dev, &n, &cbin, &status, &err);
+    CKE(err, "clCreateProgramWithBinary");
+    CKE(status, "clCreateProgramWithBinary status");
+    CK(clBuildProgram(p, 1, &v->dev, NULL, NULL, NULL));
+    struct env w = *v;
+    w.k = clCreateKernel(p, "k", &err);
+    CKE(err, "clCreateKernel");
+    check_still_works(&w, "computation with the program made from the binary");
+    CK(clReleaseKernel(w.k));
+    CK(clReleaseProgram(p));
+    free(bin);
+    printf("binary ok\n");
+}
+
 struct completer {
     cl_event ev;
     int ms;
@@ -1584,7 +1630,7 @@ static void wait_in_call(struct env *v, int ms)
 int main(int argc, char **argv)
 {
     g_prog = "badinput";
-    int faults = 0, work = 0, wait_ms = 0;
+    int faults = 0, work = 0, wait_ms = 0, binary = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--foreign") == 0)
             g_foreign = 1;
@@ -1592,12 +1638,14 @@ int main(int argc, char **argv)
             faults = 1;
         else if (strcmp(argv[i], "--work") == 0)
             work = 1;
+        else if (strcmp(argv[i], "--binary-hold") == 0)
+            binary = 1;
         else if (strcmp(argv[i], "--wait-in-call") == 0 && i + 1 < argc)
             wait_ms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             i++; /* run-native.sh passes --iters; there is nothing to repeat */
         else {
-            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--wait-in-call MS] [--iters N]\n",
+            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--wait-in-call MS] [--iters N]\n",
                     argv[0]);
             return 2;
         }
@@ -1620,6 +1668,11 @@ int main(int argc, char **argv)
         return 0;
     }
     setup(&v);
+    if (binary) {
+        binary_hold(&v);
+        print_result();
+        return 0;
+    }
     if (work) {
         work_until_stdin_closes(&v);
         print_result();

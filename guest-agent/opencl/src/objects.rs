@@ -280,6 +280,12 @@ pub struct Program {
     /// The application's latest build, compile or link options did not ask
     /// for kernel argument information (crane always does, for itself).
     pub arg_info_hidden: AtomicBool,
+    /// The binaries whose sizes `CL_PROGRAM_BINARY_SIZES` last reported. The
+    /// application sizes its buffers for `CL_PROGRAM_BINARIES` from that
+    /// answer, and a suspend between the two queries rebuilds the program,
+    /// whose new binary may be longer (PoCL's is): the buffers are filled from
+    /// this copy, never past the sizes the application was given.
+    pub reported_binaries: Mutex<Option<Vec<Vec<u8>>>>,
 }
 cl_object!(Program, Program, clReleaseProgram);
 

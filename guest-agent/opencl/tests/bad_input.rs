@@ -652,3 +652,63 @@ fn status_inside_a_long_call_is_answered_busy() {
     assert!(child.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The application sizes its buffer from CL_PROGRAM_BINARY_SIZES, and a
+/// suspend/resume before it asks for CL_PROGRAM_BINARIES rebuilds the program
+/// (PoCL's rebuilt binary can be longer): the binary it gets must still fit
+/// the size it was given, and work. CI once saw `programs` die of SIGSEGV
+/// there; this pins that moment down instead of waiting for a random suspend
+/// to land on it.
+#[test]
+fn binary_sized_before_a_suspend_fits_after_it() {
+    let dir = run_dir("binary");
+    let mut child = Command::new(badinput())
+        .arg("--binary-hold")
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", &dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let sock = socket_path(&dir, child.id());
+    let mut line = String::new();
+    let mut next = || loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            return String::new();
+        }
+        if !line.starts_with("badinput: ") {
+            return line.trim().to_string();
+        }
+    };
+    assert_eq!(next(), "binary sized");
+    for _ in 0..2 {
+        let r = call(
+            &sock,
+            &Request::Suspend {
+                deadline_ms: 20_000,
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert!(r.ok, "suspend: {:?}", r.error);
+        let r = call(&sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+        assert!(r.ok, "resume: {:?}", r.error);
+    }
+    writeln!(stdin, "go").unwrap();
+    let got = next();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        got,
+        "binary ok",
+        "{}; stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{}", out.status);
+    let _ = std::fs::remove_dir_all(&dir);
+}

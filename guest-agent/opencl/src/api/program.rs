@@ -39,7 +39,58 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
         source,
         steps: Mutex::new(Vec::new()),
         arg_info_hidden: AtomicBool::new(false),
+        reported_binaries: Mutex::new(None),
     }
+}
+
+/// The vendor program's binaries, one per device (empty where it has none).
+fn vendor_binaries(v: *mut c_void) -> ClResult<Vec<Vec<u8>>> {
+    let f = vfn!(v, clGetProgramInfo)?;
+    let mut n = 0usize;
+    // SAFETY: a size query.
+    check(unsafe {
+        f(
+            v.cast(),
+            CL_PROGRAM_BINARY_SIZES,
+            0,
+            std::ptr::null_mut(),
+            &mut n,
+        )
+    })?;
+    let mut sizes = vec![0usize; n / size_of::<usize>()];
+    // SAFETY: `sizes` holds `n` bytes.
+    check(unsafe {
+        f(
+            v.cast(),
+            CL_PROGRAM_BINARY_SIZES,
+            sizes.len() * size_of::<usize>(),
+            sizes.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    let mut bins: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
+    let mut ptrs: Vec<*mut u8> = bins
+        .iter_mut()
+        .map(|b| {
+            if b.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                b.as_mut_ptr()
+            }
+        })
+        .collect();
+    // SAFETY: one buffer of the reported size per device (the gate is held,
+    // so no suspend rebuilds the program between the two queries).
+    check(unsafe {
+        f(
+            v.cast(),
+            CL_PROGRAM_BINARIES,
+            ptrs.len() * size_of::<*mut u8>(),
+            ptrs.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    Ok(bins)
 }
 
 /// Whether the application's options leave kernel argument information out.
@@ -699,6 +750,49 @@ pub unsafe extern "C" fn clGetProgramInfo(
                     value,
                     size_ret,
                 )
+            }
+            CL_PROGRAM_BINARY_SIZES => {
+                let bins = vendor_binaries(v)?;
+                let sizes: Vec<usize> = bins.iter().map(Vec::len).collect();
+                write_info(bytes_of_slice(&sizes), size, value, size_ret)?;
+                *prog
+                    .reported_binaries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(bins);
+                Ok(())
+            }
+            CL_PROGRAM_BINARIES => {
+                let mut reported = prog
+                    .reported_binaries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                let bins = match reported.as_ref() {
+                    Some(b) => b,
+                    None => reported.insert(vendor_binaries(v)?),
+                };
+                let need = bins.len() * size_of::<*mut u8>();
+                if !value.is_null() {
+                    if size < need {
+                        return Err(CL_INVALID_VALUE);
+                    }
+                    // SAFETY: the application passes an array of `size`
+                    // bytes of pointers, checked to cover one per device.
+                    let dsts =
+                        unsafe { std::slice::from_raw_parts(value.cast::<*mut u8>(), bins.len()) };
+                    for (&d, b) in dsts.iter().zip(bins.iter()) {
+                        if !d.is_null() {
+                            // SAFETY: the application sized each buffer from
+                            // CL_PROGRAM_BINARY_SIZES, which reported `b`'s
+                            // length (or, never asked, the vendor's now).
+                            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), d, b.len()) };
+                        }
+                    }
+                }
+                if !size_ret.is_null() {
+                    // SAFETY: OpenCL lets size_ret be null or writable.
+                    unsafe { size_ret.write(need) };
+                }
+                Ok(())
             }
             CL_PROGRAM_SOURCE => match &prog.source {
                 ProgramSource::Source(s) => {
