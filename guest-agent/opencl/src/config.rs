@@ -31,6 +31,10 @@ pub struct Config {
     /// forwarded call watches for its answer before it sleeps (a sleeping
     /// thread costs the answer a wake-up, several microseconds).
     pub remote_spin_us: u64,
+    /// `CRANE_REMOTE_KICK=0`: the first kernel launch after the proxy went
+    /// idle waits in the batch like any other call, instead of being sent at
+    /// once (for measuring what sending it early buys).
+    pub remote_kick: bool,
     /// `CRANE_HOST_MEMORY=emulate` gives the vendor no host memory
     /// (CL_MEM_USE_HOST_PTR / CL_MEM_ALLOC_HOST_PTR): crane serves those
     /// buffers' maps itself, so the vendor pins nothing (see
@@ -69,6 +73,7 @@ pub fn get() -> &'static Config {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(200),
+            remote_kick: flag("CRANE_REMOTE_KICK", true),
             emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),
             parallel_release: flag("CRANE_PARALLEL_RELEASE", true),
         }

@@ -198,6 +198,11 @@ struct Out {
     w: Stream,
     batch: Vec<u8>,
     seq: u64,
+    /// The proxy has carried out everything sent so far (a blocking call was
+    /// answered since the last send): its device idles until the next batch
+    /// arrives, so the next kernel launch is sent at once, not with the rest
+    /// of the batch (`CRANE_REMOTE_KICK`).
+    idle: bool,
 }
 
 pub struct Session {
@@ -343,6 +348,7 @@ impl Session {
                 w,
                 batch: Vec::with_capacity(BATCH_LIMIT),
                 seq: 1,
+                idle: false,
             }),
             shared: shared.clone(),
             reader: Mutex::new(None),
@@ -404,13 +410,22 @@ impl Session {
         self.sent.fetch_add(payload.len() as u64, Ordering::Relaxed);
         let r = if payload.len() > COPY_LIMIT {
             let batch = std::mem::take(&mut o.batch);
+            o.idle = false;
             let r = write_two(&mut o.w, &batch, payload);
             o.batch = batch;
             o.batch.clear();
             r
         } else {
             o.batch.extend_from_slice(payload);
-            if flush || o.batch.len() >= BATCH_LIMIT {
+            // The first launch after the proxy went idle goes out at once: the
+            // proxy starts it while the application builds the rest of the
+            // batch (a frame's further launches, its read), where it would
+            // otherwise wait for the whole batch.
+            let kick = o.idle
+                && matches!(call, Call::EnqueueNdRange { .. })
+                && crate::config::get().remote_kick;
+            if flush || kick || o.batch.len() >= BATCH_LIMIT {
+                o.idle = false;
                 let r = o.w.write_all(&o.batch);
                 o.batch.clear();
                 r
@@ -447,6 +462,7 @@ impl Session {
         if o.batch.is_empty() {
             return Ok(());
         }
+        o.idle = false;
         let r = o.w.write_all(&o.batch);
         o.batch.clear();
         if let Err(e) = r {
@@ -503,6 +519,7 @@ impl Session {
                         let arrived = slot.arrived;
                         st.slots.remove(&seq);
                         drop(st);
+                        self.answered(seq);
                         if let (Some(tr), Some(t0), Some(t1), Some((t2, t3))) =
                             (&self.trace, t0, t1, arrived)
                         {
@@ -537,6 +554,15 @@ impl Session {
                 continue;
             }
             std::thread::park_timeout(Duration::from_millis(200));
+        }
+    }
+
+    /// Notes that the proxy has answered call `seq`: if nothing was sent after
+    /// it, the proxy is idle.
+    fn answered(&self, seq: u64) {
+        let mut o = lock(&self.out);
+        if o.seq == seq && o.batch.is_empty() {
+            o.idle = true;
         }
     }
 
