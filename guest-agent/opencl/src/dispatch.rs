@@ -2,7 +2,7 @@
 //! both the table an ICD loader calls through and the answers of
 //! clGetExtensionFunctionAddress come from it, so they cannot drift apart. (The
 //! exported symbols are the same functions; `tests/exports.rs` checks that every
-//! exported `cl*` symbol is in this list.)
+//! exported `cl*` symbol is in this list, src/entry_points.rs.)
 
 use std::ffi::{CStr, c_char, c_void};
 use std::mem::MaybeUninit;
@@ -16,7 +16,7 @@ use crate::api::{
     memory::*, platform::*, program::*, queue::*, sampler::*, svm::*,
 };
 
-macro_rules! icd_table {
+macro_rules! entry_points {
     ($($name:ident),* $(,)?) => {
         /// The table at the start of every crane handle.
         #[allow(deprecated)]
@@ -35,56 +35,10 @@ macro_rules! icd_table {
             std::ptr::null_mut()
         }
 
-        /// The names in the table (tests compare them with the exported symbols).
-        pub const NAMES: &[&str] = &[$(stringify!($name)),*];
     };
 }
 
-icd_table! {
-    clGetPlatformIDs, clGetPlatformInfo, clGetDeviceIDs, clGetDeviceInfo,
-    clCreateContext, clCreateContextFromType, clRetainContext, clReleaseContext, clGetContextInfo,
-    clCreateCommandQueue, clRetainCommandQueue, clReleaseCommandQueue, clGetCommandQueueInfo, clSetCommandQueueProperty,
-    clCreateBuffer, clCreateImage2D, clCreateImage3D, clRetainMemObject, clReleaseMemObject,
-    clGetSupportedImageFormats, clGetMemObjectInfo, clGetImageInfo,
-    clCreateSampler, clRetainSampler, clReleaseSampler, clGetSamplerInfo,
-    clCreateProgramWithSource, clCreateProgramWithBinary, clRetainProgram, clReleaseProgram, clBuildProgram,
-    clUnloadCompiler, clGetProgramInfo, clGetProgramBuildInfo,
-    clCreateKernel, clCreateKernelsInProgram, clRetainKernel, clReleaseKernel, clSetKernelArg,
-    clGetKernelInfo, clGetKernelWorkGroupInfo,
-    clWaitForEvents, clGetEventInfo, clRetainEvent, clReleaseEvent, clGetEventProfilingInfo,
-    clFlush, clFinish,
-    clEnqueueReadBuffer, clEnqueueWriteBuffer, clEnqueueCopyBuffer, clEnqueueReadImage, clEnqueueWriteImage,
-    clEnqueueCopyImage, clEnqueueCopyImageToBuffer, clEnqueueCopyBufferToImage, clEnqueueMapBuffer, clEnqueueMapImage,
-    clEnqueueUnmapMemObject, clEnqueueNDRangeKernel, clEnqueueTask, clEnqueueNativeKernel,
-    clEnqueueMarker, clEnqueueWaitForEvents, clEnqueueBarrier,
-    clGetExtensionFunctionAddress,
-    // Sharing with OpenGL and EGL (refused, see api/interop.rs)
-    clCreateFromGLBuffer, clCreateFromGLTexture2D, clCreateFromGLTexture3D, clCreateFromGLRenderbuffer,
-    clGetGLObjectInfo, clGetGLTextureInfo, clEnqueueAcquireGLObjects, clEnqueueReleaseGLObjects,
-    clGetGLContextInfoKHR, clCreateEventFromGLsyncKHR, clCreateFromGLTexture,
-    clCreateFromEGLImageKHR, clEnqueueAcquireEGLObjectsKHR, clEnqueueReleaseEGLObjectsKHR, clCreateEventFromEGLSyncKHR,
-    // cl_ext_device_fission, cl_khr_subgroups
-    clCreateSubDevicesEXT, clRetainDeviceEXT, clReleaseDeviceEXT, clGetKernelSubGroupInfoKHR,
-    // OpenCL 1.1
-    clSetEventCallback, clCreateSubBuffer, clSetMemObjectDestructorCallback, clCreateUserEvent, clSetUserEventStatus,
-    clEnqueueReadBufferRect, clEnqueueWriteBufferRect, clEnqueueCopyBufferRect,
-    // OpenCL 1.2
-    clCreateSubDevices, clRetainDevice, clReleaseDevice, clCreateImage, clCreateProgramWithBuiltInKernels,
-    clCompileProgram, clLinkProgram, clUnloadPlatformCompiler, clGetKernelArgInfo,
-    clEnqueueFillBuffer, clEnqueueFillImage, clEnqueueMigrateMemObjects,
-    clEnqueueMarkerWithWaitList, clEnqueueBarrierWithWaitList, clGetExtensionFunctionAddressForPlatform,
-    // OpenCL 2.0
-    clCreateCommandQueueWithProperties, clCreatePipe, clGetPipeInfo, clSVMAlloc, clSVMFree,
-    clEnqueueSVMFree, clEnqueueSVMMemcpy, clEnqueueSVMMemFill, clEnqueueSVMMap, clEnqueueSVMUnmap,
-    clCreateSamplerWithProperties, clSetKernelArgSVMPointer, clSetKernelExecInfo,
-    // OpenCL 2.1
-    clCloneKernel, clCreateProgramWithIL, clEnqueueSVMMigrateMem, clGetDeviceAndHostTimer, clGetHostTimer,
-    clGetKernelSubGroupInfo, clSetDefaultDeviceCommandQueue,
-    // OpenCL 2.2
-    clSetProgramReleaseCallback, clSetProgramSpecializationConstant,
-    // OpenCL 3.0
-    clCreateBufferWithProperties, clCreateImageWithProperties, clSetContextDestructorCallback,
-}
+include!("entry_points.rs");
 
 /// clGetExtensionFunctionAddress: the ICD entry point, and the extension
 /// functions crane wraps (some under their core name). Anything else, the
