@@ -295,17 +295,20 @@ impl Program {
     }
 }
 
-/// What an argument of a kernel is, from its declaration.
+/// What an argument of a kernel is, from its declaration. The memory kinds
+/// come first, with explicit discriminants, so that [`ArgKind::is_mem`] is one
+/// compare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ArgKind {
     /// `__global`/`__constant` pointer written by the kernel (may dirty a buffer).
-    MemWritable,
+    MemWritable = 0,
     /// `__global const`/`__constant` pointer: only read.
-    MemReadOnly,
-    /// `image*_t`: read_write/write_only images may be dirtied.
-    Image {
-        writable: bool,
-    },
+    MemReadOnly = 1,
+    /// `image*_t`, read_write or write_only: may be dirtied.
+    ImageWritable = 2,
+    /// `image*_t`, read_only.
+    ImageReadOnly = 3,
     Sampler,
     Local,
     Queue,
@@ -313,6 +316,16 @@ pub enum ArgKind {
     Value,
     /// The vendor gave no argument information; decided per value.
     Unknown,
+}
+
+impl ArgKind {
+    /// A memory object argument (buffer or image): the hot case of
+    /// `clSetKernelArg`, tested with one compare (a `match` over the kinds
+    /// became a jump table, an indirect branch on every call).
+    #[inline(always)]
+    pub fn is_mem(self) -> bool {
+        self as u8 <= ArgKind::ImageReadOnly as u8
+    }
 }
 
 /// A copy of a plain-bytes kernel argument. Scalars and small vectors (up to 16

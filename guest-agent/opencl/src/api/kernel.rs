@@ -84,8 +84,10 @@ fn classify(vk: *mut c_void) -> ClResult<Box<[ArgKind]>> {
                 .unwrap_or(0);
             let name = arg_type_name(vk, i).unwrap_or_default();
             if access != CL_KERNEL_ARG_ACCESS_NONE || name.starts_with("image") {
-                return ArgKind::Image {
-                    writable: access != CL_KERNEL_ARG_ACCESS_READ_ONLY,
+                return if access == CL_KERNEL_ARG_ACCESS_READ_ONLY {
+                    ArgKind::ImageReadOnly
+                } else {
+                    ArgKind::ImageWritable
                 };
             }
             if tq & CL_KERNEL_ARG_TYPE_PIPE != 0 {
@@ -113,7 +115,7 @@ fn dirtying(kinds: &[ArgKind]) -> Box<[u32]> {
         .filter(|(_, k)| {
             matches!(
                 k,
-                ArgKind::MemWritable | ArgKind::Image { writable: true } | ArgKind::Unknown
+                ArgKind::MemWritable | ArgKind::ImageWritable | ArgKind::Unknown
             )
         })
         .map(|(i, _)| i as u32)
@@ -253,8 +255,10 @@ fn handle_arg(p: *const c_void, kind: ArgKind) -> Option<(*mut c_void, *const Sl
     fn of<T: ClObject>(p: *const c_void) -> Option<(*mut c_void, *const Slot)> {
         handle::get_with_slot::<T>(p).map(|(o, s)| (o.base().vendor(), s))
     }
+    if kind.is_mem() {
+        return of::<Mem>(p);
+    }
     match kind {
-        ArgKind::MemWritable | ArgKind::MemReadOnly | ArgKind::Image { .. } => of::<Mem>(p),
         ArgKind::Sampler => of::<Sampler>(p),
         ArgKind::Queue => of::<Queue>(p),
         ArgKind::Unknown => of::<Mem>(p)
@@ -305,24 +309,17 @@ pub fn apply_arg(vk: *mut c_void, i: u32, a: &ArgValue) -> ClResult<()> {
 #[inline(always)]
 fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> ClResult<()> {
     let kernel = kernel_ref(k.cast())?;
-    let vk = kernel.base.vendor();
     let i = index as usize;
     let Some(&kind) = kernel.arg_kinds.get(i) else {
         return Err(CL_INVALID_ARG_INDEX);
     };
+    let vk = kernel.base.vendor();
     let f = vfn!(vk, clSetKernelArg)?;
     let record;
     let rc = if value.is_null() {
         // A null value is a local-memory size, or for a memory object argument
         // a null buffer (recorded as such so that a resume sets it the same).
-        let object = matches!(
-            kind,
-            ArgKind::MemWritable
-                | ArgKind::MemReadOnly
-                | ArgKind::Image { .. }
-                | ArgKind::Sampler
-                | ArgKind::Queue
-        );
+        let object = kind.is_mem() || matches!(kind, ArgKind::Sampler | ArgKind::Queue);
         record = if object && size == PTR {
             ArgValue::NullHandle(size)
         } else {
