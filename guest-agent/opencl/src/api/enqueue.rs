@@ -862,9 +862,17 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
             return r;
         }
         // The write-back reads crane's storage, which must outlive the command:
-        // the storage is parked until its event completes.
+        // the storage is parked until its event completes. (A USE_HOST_PTR
+        // mapping has no storage of crane's: the vendor's event is needed only
+        // if the application asked for one.)
         let vq: cl_command_queue = queue.base.vendor().cast();
+        let want_event = rec.storage.is_some() || !ev.is_null();
         let mut vev: cl_event = std::ptr::null_mut();
+        let vev_out: *mut cl_event = if want_event {
+            &mut vev
+        } else {
+            std::ptr::null_mut()
+        };
         let rc = match rec.image {
             // SAFETY: writing back from the mapped memory.
             Some((o, r, row, slice)) => unsafe {
@@ -879,7 +887,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                     rec.ptr as *const c_void,
                     n,
                     wl(&w),
-                    &mut vev,
+                    vev_out,
                 )
             },
             // SAFETY: as above.
@@ -893,7 +901,7 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
                     rec.ptr as *const c_void,
                     n,
                     wl(&w),
-                    &mut vev,
+                    vev_out,
                 )
             },
         };
@@ -902,17 +910,22 @@ pub unsafe extern "C" fn clEnqueueUnmapMemObject(
             return Err(rc);
         }
         mem.mark_dirty();
-        if let Some(storage) = rec.storage {
-            crate::lifecycle::park_storage(vev.cast(), storage);
-        }
-        if !ev.is_null() {
-            // SAFETY: the event we got back; the application's event shares it.
-            unsafe {
-                crate::vendor::disp(vev.cast())
-                    .clRetainEvent
-                    .map(|f| f(vev))
-            };
-            wrap_event(queue, vev, CL_COMMAND_UNMAP_MEM_OBJECT, ev)?;
+        // The vendor's one reference to `vev` goes to the parked storage, or
+        // to the application's event; both need a second one.
+        match (rec.storage, ev.is_null()) {
+            (Some(storage), true) => crate::lifecycle::park_storage(vev.cast(), storage),
+            (Some(storage), false) => {
+                // SAFETY: the event we got back; the application's event shares it.
+                unsafe {
+                    crate::vendor::disp(vev.cast())
+                        .clRetainEvent
+                        .map(|f| f(vev))
+                };
+                crate::lifecycle::park_storage(vev.cast(), storage);
+                wrap_event(queue, vev, CL_COMMAND_UNMAP_MEM_OBJECT, ev)?;
+            }
+            (None, false) => wrap_event(queue, vev, CL_COMMAND_UNMAP_MEM_OBJECT, ev)?,
+            (None, true) => {}
         }
         Ok(())
     })

@@ -323,11 +323,23 @@ pub fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize, mode: &
             res.device_fds.is_empty() && res.device_mappings.is_empty(),
             "{app}: device left behind: {res:?}"
         );
-        // Vendor threads: asserted strictly in `twenty_cycles_leave_nothing`;
-        // some corpus programs still leave PoCL's workers (known, tracked).
-        if !res.vendor_threads.is_empty() {
-            eprintln!(
-                "{app}: vendor threads still running after suspend: {:?}",
+        // Vendor threads: none may run after a suspend, except in ICD mode,
+        // where crane is loaded only at the first OpenCL call and cannot set
+        // POCL_ENABLE_UNINIT for PoCL in time (docs/architecture.md). A
+        // vendor object crane fails to release keeps PoCL's device, and so its
+        // workers, alive: this is what caught a leaked event per unmap.
+        if mode.name == "ICD" {
+            if !res.vendor_threads.is_empty() {
+                eprintln!(
+                    "{app}: vendor threads still running after suspend (ICD mode): {:?}",
+                    res.vendor_threads
+                );
+            }
+        } else {
+            assert!(
+                res.vendor_threads.is_empty(),
+                "{app} ({}): vendor threads still running after suspend: {:?}",
+                mode.name,
                 res.vendor_threads
             );
         }
