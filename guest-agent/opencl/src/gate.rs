@@ -23,6 +23,11 @@ pub const QUIESCING: u32 = 1;
 pub const CLOSED: u32 = 2;
 
 static STATE: AtomicU32 = AtomicU32::new(OPEN);
+/// What the fast path reads: `STATE`, with `SLOW_PATH` added while the
+/// process runs without membarrier, so that one load and one compare decide
+/// every call that may simply pass.
+static FAST: AtomicU32 = AtomicU32::new(OPEN);
+const SLOW_PATH: u32 = 1 << 8;
 static WAKE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
 static MEMBARRIER_OK: AtomicBool = AtomicBool::new(false);
 static INIT: std::sync::Once = std::sync::Once::new();
@@ -135,6 +140,7 @@ fn init() {
         // CRANE_MEMBARRIER=0 keeps the process off membarrier (the fast path
         // then pays a fence per call).
         if std::env::var_os("CRANE_MEMBARRIER").is_some_and(|v| v == "0") {
+            FAST.fetch_or(SLOW_PATH, Ordering::SeqCst);
             return;
         }
         // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory of ours.
@@ -147,7 +153,19 @@ fn init() {
             )
         };
         MEMBARRIER_OK.store(r == 0, Ordering::Release);
+        if r != 0 {
+            FAST.fetch_or(SLOW_PATH, Ordering::SeqCst);
+        }
     });
+}
+
+/// The `FAST` word for gate state `state`.
+fn fast_word(state: u32) -> u32 {
+    if MEMBARRIER_OK.load(Ordering::Acquire) {
+        state
+    } else {
+        state | SLOW_PATH
+    }
 }
 
 #[cold]
@@ -199,16 +217,26 @@ pub fn enter(exempt_while_quiescing: bool) -> Pass {
     };
     let d = slot.depth.load(Ordering::Relaxed);
     slot.depth.store(d + 1, Ordering::Relaxed);
-    if MEMBARRIER_OK.load(Ordering::Relaxed) {
-        compiler_fence(Ordering::SeqCst);
-    } else {
-        fence(Ordering::SeqCst);
-    }
-    let state = STATE.load(Ordering::Acquire);
-    if state == OPEN || d > 0 || (state == QUIESCING && exempt_while_quiescing) {
+    // With membarrier the suspender pays for the ordering (module comment);
+    // without it `FAST` is never OPEN and `enter_slow` fences.
+    compiler_fence(Ordering::SeqCst);
+    if FAST.load(Ordering::Acquire) == OPEN || d > 0 {
         return Pass(slot);
     }
-    wait_open(slot, exempt_while_quiescing)
+    enter_slow(slot, exempt_while_quiescing)
+}
+
+/// The rest of [`enter`]: the gate is not open, or the process has no
+/// membarrier.
+#[cold]
+#[inline(never)]
+fn enter_slow(slot: &'static ThreadSlot, exempt: bool) -> Pass {
+    fence(Ordering::SeqCst);
+    let state = STATE.load(Ordering::Acquire);
+    if state == OPEN || (state == QUIESCING && exempt) {
+        return Pass(slot);
+    }
+    wait_open(slot, exempt)
 }
 
 #[cold]
@@ -274,6 +302,7 @@ const MAX_SHUT_PAUSE: Duration = Duration::from_millis(2);
 pub fn shut(state: u32, deadline: Instant) -> Result<(), usize> {
     init();
     STATE.store(state, Ordering::SeqCst);
+    FAST.store(fast_word(state), Ordering::SeqCst);
     heavy_barrier();
     // The caller (the control thread) is never inside an entry point itself.
     let me = mine::get();
@@ -303,7 +332,9 @@ pub fn shut(state: u32, deadline: Instant) -> Result<(), usize> {
 }
 
 pub fn open() {
+    init();
     let _g = WAKE.0.lock().unwrap_or_else(|e| e.into_inner());
     STATE.store(OPEN, Ordering::SeqCst);
+    FAST.store(fast_word(OPEN), Ordering::SeqCst);
     WAKE.1.notify_all();
 }

@@ -43,6 +43,23 @@ corpus_test!(programs, "40");
 corpus_test!(frameloop, "600");
 corpus_test!(rustpipe, "1200");
 
+/// Without membarrier (`CRANE_MEMBARRIER=0`, or a kernel without it) every
+/// call takes the gate's fenced path; suspends must still find every call and
+/// the program's result must not change (events: callbacks from the vendor's
+/// threads as well).
+#[test]
+fn gate_without_membarrier() {
+    let mut mode = Mode::preload();
+    mode.env.push(("CRANE_MEMBARRIER", "0".into()));
+    for app in ["pingpong", "events"] {
+        let (iters, n) = long_enough(app, "2000", 3, |iters| {
+            let run = interrupted(app, iters, 0x2545f4914f6cdd1d, 20, &mode);
+            (run.result, run.cycles)
+        });
+        eprintln!("{app} without membarrier: {n} cycles at --iters {iters}, identical to native");
+    }
+}
+
 /// SVM allocations cannot be moved, so suspend must refuse them cleanly and the
 /// program must finish correctly.
 #[test]

@@ -315,6 +315,43 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
     };
     let vk = kernel.base.vendor();
     let f = vfn!(vk, clSetKernelArg)?;
+    // The hot case, kept small (the rest is out of line): a buffer or image
+    // argument given as a valid crane handle.
+    if size == PTR && kind.is_mem() && !value.is_null() {
+        // SAFETY: the application passes `size` readable bytes at `value`.
+        let p = unsafe { value.cast::<*const c_void>().read_unaligned() };
+        if let Some((m, slot)) = handle::get_with_slot::<Mem>(p) {
+            let v = m.base.vendor();
+            let record = ArgValue::Handle(slot, handle::generation(slot));
+            // SAFETY: one vendor handle in place of crane's.
+            check(unsafe { f(vk.cast(), index, size, (&raw const v).cast()) })?;
+            // SAFETY: as below.
+            let dst = unsafe { &mut kernel.args_mut()[i] };
+            if matches!(dst, ArgValue::Bytes(ArgBytes::Heap(_))) {
+                *dst = record;
+            } else {
+                // SAFETY: the old value owns nothing (no heap bytes), so
+                // overwriting it without dropping loses nothing.
+                unsafe { std::ptr::write(dst, record) };
+            }
+            return Ok(());
+        }
+    }
+    set_arg_other(kernel, index, kind, vk, f, size, value)
+}
+
+/// [`set_arg`] for every case but a valid memory object.
+#[inline(never)]
+fn set_arg_other(
+    kernel: &Kernel,
+    index: cl_uint,
+    kind: ArgKind,
+    vk: *mut c_void,
+    f: unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int,
+    size: usize,
+    value: *const c_void,
+) -> ClResult<()> {
+    let i = index as usize;
     let record;
     let rc = if value.is_null() {
         // A null value is a local-memory size, or for a memory object argument
