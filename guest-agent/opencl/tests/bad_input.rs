@@ -16,7 +16,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -294,6 +294,55 @@ fn panic_inside_crane_becomes_an_error_code() {
     );
 }
 
+/// One whole suspend/resume cycle through the control socket; both must
+/// succeed.
+fn suspend_resume(sock: &Path) {
+    let r = call(
+        sock,
+        &Request::Suspend {
+            deadline_ms: 20_000,
+        },
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(r.ok, "suspend failed: {:?}", r.error);
+    let r = call(sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+    assert!(r.ok, "resume failed: {:?}", r.error);
+}
+
+/// `badinput ARGS` under crane, driven through its stdin and stdout: the
+/// child (stderr piped), its stdin, its stdout and its control socket.
+fn held(args: &[&str], dir: &Path) -> (Child, ChildStdin, BufReader<ChildStdout>, PathBuf) {
+    let mut child = Command::new(badinput())
+        .args(args)
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let sock = socket_path(dir, child.id());
+    (child, stdin, out, sock)
+}
+
+/// The next line of a badinput's stdout that is not its device banner (empty
+/// at end of file).
+fn next_line(out: &mut impl BufRead) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            return String::new();
+        }
+        if !line.starts_with("badinput: ") {
+            return line.trim().to_string();
+        }
+    }
+}
+
 /// `badinput --work` under crane: checks a kernel's results in a loop until
 /// its stdin closes, while the tests poke its control socket.
 struct WorkingApp {
@@ -350,17 +399,7 @@ impl WorkingApp {
 
     /// A whole suspend/resume cycle, which the working loop must not notice.
     fn cycle(&self) {
-        let r = call(
-            &self.sock,
-            &Request::Suspend {
-                deadline_ms: 20_000,
-            },
-            Duration::from_secs(60),
-        )
-        .unwrap();
-        assert!(r.ok, "suspend failed: {:?}", r.error);
-        let r = call(&self.sock, &Request::Resume, Duration::from_secs(60)).unwrap();
-        assert!(r.ok, "resume failed: {:?}", r.error);
+        suspend_resume(&self.sock);
     }
 
     /// Closes stdin and checks the application kept computing correctly.
@@ -608,28 +647,8 @@ fn control_socket_idle_connections_block_nobody() {
 #[test]
 fn status_inside_a_long_call_is_answered_busy() {
     let dir = run_dir("busy");
-    let mut child = Command::new(badinput())
-        .args(["--wait-in-call", "6000"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let sock = socket_path(&dir, child.id());
-    let mut line = String::new();
-    // The next line that is not the program's device banner.
-    let mut expect = |want: &str| loop {
-        line.clear();
-        out.read_line(&mut line).unwrap();
-        if !line.starts_with("badinput: ") {
-            assert_eq!(line.trim(), want);
-            break;
-        }
-    };
+    let (mut child, mut stdin, mut out, sock) = held(&["--wait-in-call", "6000"], &dir);
+    let mut expect = |want: &str| assert_eq!(next_line(&mut out), want);
     expect("waiting");
     // The waiting thread entered clWaitForEvents just after printing.
     std::thread::sleep(Duration::from_millis(300));
@@ -662,44 +681,12 @@ fn status_inside_a_long_call_is_answered_busy() {
 #[test]
 fn binary_sized_before_a_suspend_fits_after_it() {
     let dir = run_dir("binary");
-    let mut child = Command::new(badinput())
-        .arg("--binary-hold")
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let sock = socket_path(&dir, child.id());
-    let mut line = String::new();
-    let mut next = || loop {
-        line.clear();
-        if out.read_line(&mut line).unwrap() == 0 {
-            return String::new();
-        }
-        if !line.starts_with("badinput: ") {
-            return line.trim().to_string();
-        }
-    };
-    assert_eq!(next(), "binary sized");
-    for _ in 0..2 {
-        let r = call(
-            &sock,
-            &Request::Suspend {
-                deadline_ms: 20_000,
-            },
-            Duration::from_secs(60),
-        )
-        .unwrap();
-        assert!(r.ok, "suspend: {:?}", r.error);
-        let r = call(&sock, &Request::Resume, Duration::from_secs(60)).unwrap();
-        assert!(r.ok, "resume: {:?}", r.error);
-    }
+    let (child, mut stdin, mut out, sock) = held(&["--binary-hold"], &dir);
+    assert_eq!(next_line(&mut out), "binary sized");
+    suspend_resume(&sock);
+    suspend_resume(&sock);
     writeln!(stdin, "go").unwrap();
-    let got = next();
+    let got = next_line(&mut out);
     drop(stdin);
     let out = child.wait_with_output().unwrap();
     assert_eq!(
