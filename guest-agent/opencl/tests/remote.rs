@@ -3,7 +3,7 @@
 //! random moments, must print exactly what an uninterrupted native run prints.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -219,6 +219,17 @@ corpus_test!(programs, "150");
 corpus_test!(frameloop, "600");
 corpus_test!(rustpipe, "1200");
 
+/// The file whose creation releases a pingpong run with `TESTAPP_HOLD`: it
+/// holds halfway until then, so that it is still running when a test's
+/// requests arrive (on a fast machine a whole run ended before the first one,
+/// and CI saw the control socket refuse the connection).
+fn hold_file(run_dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(run_dir).unwrap();
+    let release = run_dir.join("release");
+    let _ = std::fs::remove_file(&release);
+    release
+}
+
 /// A process started while its guest is remoting runs on the proxy from its
 /// first call, and can later come home.
 #[test]
@@ -226,6 +237,7 @@ fn starts_remote_then_goes_local() {
     let want = native("pingpong", "20000");
     let proxy = Proxy::start("starts-remote", true, &[("abc", "t")]);
     let run_dir = std::env::temp_dir().join(format!("crane-remote-start-{}", std::process::id()));
+    let release = hold_file(&run_dir);
     let child = Command::new(apps().join("pingpong"))
         .args(["--iters", "20000"])
         .env("LD_PRELOAD", library())
@@ -233,7 +245,9 @@ fn starts_remote_then_goes_local() {
         .env("CRANE_MODE", "remote")
         .env("CRANE_PROXY", &proxy.addr)
         .env("CRANE_PROXY_TOKEN", "abc")
+        .env("TESTAPP_HOLD", &release)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let sock = socket_path(&run_dir, child.id());
@@ -252,8 +266,13 @@ fn starts_remote_then_goes_local() {
     assert!(r.ok, "going local failed: {:?}", r.error);
     let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
     assert_eq!(st.status.unwrap().mode, Mode::Passthrough);
+    std::fs::write(&release, b"").unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(result_line(&out.stdout), want);
 }
 
@@ -288,10 +307,12 @@ fn wrong_token_leaves_the_app_local() {
     let want = native("pingpong", "6000");
     let proxy = Proxy::start("badtoken", false, &[("right", "t")]);
     let run_dir = std::env::temp_dir().join(format!("crane-remote-badtok-{}", std::process::id()));
+    let release = hold_file(&run_dir);
     let child = Command::new(apps().join("pingpong"))
         .args(["--iters", "6000"])
         .env("LD_PRELOAD", library())
         .env("CRANE_RUN_DIR", &run_dir)
+        .env("TESTAPP_HOLD", &release)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -309,8 +330,13 @@ fn wrong_token_leaves_the_app_local() {
     assert!(err.contains("refused"), "unexpected error: {err}");
     let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
     assert_eq!(st.status.unwrap().mode, Mode::Passthrough);
+    std::fs::write(&release, b"").unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(result_line(&out.stdout), want);
 }
 
