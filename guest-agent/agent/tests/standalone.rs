@@ -146,10 +146,14 @@ fn stop_and_copy_cycle_under_the_real_interposer() {
     let sock = run.join("agent.sock");
     wait_for(&sock, "the agent's socket");
 
+    // Halfway the program holds until `release` exists, so that it is still
+    // running for the second cycle however fast the machine is.
+    let release = run.join("release");
     let child = Command::new(&prog)
         .args(["--iters", "60000"])
         .env("LD_PRELOAD", &lib)
         .env("CRANE_RUN_DIR", &run)
+        .env("TESTAPP_HOLD", &release)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -200,6 +204,7 @@ fn stop_and_copy_cycle_under_the_real_interposer() {
         assert_eq!(app.outcome, AppOutcome::Passthrough, "{app:?}");
         assert_eq!(read_notice(&run), None);
     }
+    std::fs::write(&release, b"").unwrap();
     let out = waiter.join().unwrap();
     assert!(
         out.status.success(),
