@@ -396,6 +396,16 @@ pub enum ArgValue {
     Svm(usize),
 }
 
+impl ArgValue {
+    /// Whether dropping this value frees anything (the only variant with drop
+    /// glue is `Bytes(ArgBytes::Heap)`): `clSetKernelArg`'s hot path
+    /// overwrites a value that owns nothing without dropping it.
+    #[inline(always)]
+    pub fn owns_memory(&self) -> bool {
+        matches!(self, ArgValue::Bytes(ArgBytes::Heap(_)))
+    }
+}
+
 // SAFETY: the slot pointer is an arena address used only as an identifier and
 // resolved through the handle module's checks.
 unsafe impl Send for ArgValue {}

@@ -325,13 +325,14 @@ fn set_arg(k: cl_kernel, index: cl_uint, size: usize, value: *const c_void) -> C
             let record = ArgValue::Handle(slot, handle::generation(slot));
             // SAFETY: one vendor handle in place of crane's.
             check(unsafe { f(vk.cast(), index, size, (&raw const v).cast()) })?;
-            // SAFETY: as below.
+            // SAFETY: OpenCL makes clSetKernelArg non-reentrant per kernel, so
+            // this thread is the only one touching the record now.
             let dst = unsafe { &mut kernel.args_mut()[i] };
-            if matches!(dst, ArgValue::Bytes(ArgBytes::Heap(_))) {
+            if dst.owns_memory() {
                 *dst = record;
             } else {
-                // SAFETY: the old value owns nothing (no heap bytes), so
-                // overwriting it without dropping loses nothing.
+                // SAFETY: the old value owns nothing, so overwriting it
+                // without dropping it loses nothing.
                 unsafe { std::ptr::write(dst, record) };
             }
             return Ok(());
