@@ -476,7 +476,36 @@ impl Event {
 
 #[cfg(test)]
 mod tests {
-    use super::ArgBytes;
+    use super::{ArgBytes, ArgKind, ArgValue};
+
+    #[test]
+    fn is_mem_names_exactly_the_memory_kinds() {
+        use ArgKind::*;
+        for k in [MemWritable, MemReadOnly, ImageWritable, ImageReadOnly] {
+            assert!(k.is_mem(), "{k:?}");
+        }
+        for k in [Sampler, Local, Queue, Value, Unknown] {
+            assert!(!k.is_mem(), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn only_heap_bytes_own_memory() {
+        // SAFETY: 40 readable bytes.
+        let heap = unsafe { ArgBytes::copy_from([7u8; 40].as_ptr(), 40) };
+        assert!(ArgValue::Bytes(heap).owns_memory());
+        // SAFETY: 8 readable bytes.
+        let inline = unsafe { ArgBytes::copy_from([7u8; 8].as_ptr(), 8) };
+        assert!(!ArgValue::Bytes(inline).owns_memory());
+        for v in [
+            ArgValue::Unset,
+            ArgValue::NullHandle(8),
+            ArgValue::Local(64),
+            ArgValue::Svm(0x1000),
+        ] {
+            assert!(!v.owns_memory());
+        }
+    }
 
     #[test]
     fn arg_bytes_keep_every_length_exactly() {
