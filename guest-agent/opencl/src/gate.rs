@@ -120,6 +120,7 @@ mod mine {
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 mod mine {
     use super::ThreadSlot;
+    use std::cell::Cell;
 
     thread_local! {
         static MINE: Cell<Option<&'static ThreadSlot>> = const { Cell::new(None) };
@@ -137,25 +138,23 @@ mod mine {
 
 fn init() {
     INIT.call_once(|| {
-        // CRANE_MEMBARRIER=0 keeps the process off membarrier (the fast path
-        // then pays a fence per call).
-        if std::env::var_os("CRANE_MEMBARRIER").is_some_and(|v| v == "0") {
-            FAST.fetch_or(SLOW_PATH, Ordering::SeqCst);
-            return;
-        }
+        // CRANE_MEMBARRIER=0 keeps the process off membarrier (every call then
+        // takes the fenced path).
+        let off = std::env::var_os("CRANE_MEMBARRIER").is_some_and(|v| v == "0");
         // SAFETY: membarrier takes (cmd, flags, cpu_id) and touches no memory of ours.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                libc::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-                0,
-                0,
-            )
-        };
-        MEMBARRIER_OK.store(r == 0, Ordering::Release);
-        if r != 0 {
-            FAST.fetch_or(SLOW_PATH, Ordering::SeqCst);
-        }
+        let ok = !off
+            && unsafe {
+                libc::syscall(
+                    libc::SYS_membarrier,
+                    libc::MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                    0,
+                    0,
+                )
+            } == 0;
+        MEMBARRIER_OK.store(ok, Ordering::Release);
+        // `shut` and `open` call `init` first, so the state cannot change
+        // before this store.
+        FAST.store(fast_word(STATE.load(Ordering::SeqCst)), Ordering::SeqCst);
     });
 }
 
