@@ -43,31 +43,31 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
     }
 }
 
-/// The vendor program's binaries, one per device (empty where it has none).
-fn vendor_binaries(v: *mut c_void) -> ClResult<Vec<Vec<u8>>> {
+/// A vendor program's answer to `param` as an array of `T` (a size query,
+/// then the values; `fill` only initialises the array).
+fn program_info_vec<T: Copy>(v: *mut c_void, param: cl_program_info, fill: T) -> ClResult<Vec<T>> {
     let f = vfn!(v, clGetProgramInfo)?;
     let mut n = 0usize;
     // SAFETY: a size query.
+    check(unsafe { f(v.cast(), param, 0, std::ptr::null_mut(), &mut n) })?;
+    let mut out = vec![fill; n / size_of::<T>()];
+    // SAFETY: `out` holds at most `n` bytes, all of them written by the vendor.
     check(unsafe {
         f(
             v.cast(),
-            CL_PROGRAM_BINARY_SIZES,
-            0,
-            std::ptr::null_mut(),
-            &mut n,
-        )
-    })?;
-    let mut sizes = vec![0usize; n / size_of::<usize>()];
-    // SAFETY: `sizes` holds `n` bytes.
-    check(unsafe {
-        f(
-            v.cast(),
-            CL_PROGRAM_BINARY_SIZES,
-            sizes.len() * size_of::<usize>(),
-            sizes.as_mut_ptr().cast(),
+            param,
+            out.len() * size_of::<T>(),
+            out.as_mut_ptr().cast(),
             std::ptr::null_mut(),
         )
     })?;
+    Ok(out)
+}
+
+/// The vendor program's binaries, one per device (empty where it has none).
+fn vendor_binaries(v: *mut c_void) -> ClResult<Vec<Vec<u8>>> {
+    let f = vfn!(v, clGetProgramInfo)?;
+    let sizes = program_info_vec(v, CL_PROGRAM_BINARY_SIZES, 0usize)?;
     let mut bins: Vec<Vec<u8>> = sizes.iter().map(|&s| vec![0u8; s]).collect();
     let mut ptrs: Vec<*mut u8> = bins
         .iter_mut()
@@ -727,23 +727,7 @@ pub unsafe extern "C" fn clGetProgramInfo(
                 write_info(bytes_of(&prog.base.app_refs()), size, value, size_ret)
             }
             CL_PROGRAM_DEVICES => {
-                let mut n = 0usize;
-                // SAFETY: size query.
-                check(unsafe {
-                    vfn!(v, clGetProgramInfo)?(v.cast(), param, 0, std::ptr::null_mut(), &mut n)
-                })?;
-                let mut vds: Vec<cl_device_id> =
-                    vec![std::ptr::null_mut(); n / std::mem::size_of::<cl_device_id>()];
-                // SAFETY: `vds` holds n bytes.
-                check(unsafe {
-                    vfn!(v, clGetProgramInfo)?(
-                        v.cast(),
-                        param,
-                        n,
-                        vds.as_mut_ptr().cast(),
-                        std::ptr::null_mut(),
-                    )
-                })?;
+                let vds: Vec<cl_device_id> = program_info_vec(v, param, std::ptr::null_mut())?;
                 write_info(
                     bytes_of_slice(&crane_devices(&vds, &prog.context)),
                     size,
