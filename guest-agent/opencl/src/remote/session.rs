@@ -421,9 +421,7 @@ impl Session {
             // proxy starts it while the application builds the rest of the
             // batch (a frame's further launches, its read), where it would
             // otherwise wait for the whole batch.
-            let kick = o.idle
-                && matches!(call, Call::EnqueueNdRange { .. })
-                && crate::config::get().remote_kick;
+            let kick = o.idle && matches!(call, Call::EnqueueNdRange { .. });
             if flush || kick || o.batch.len() >= BATCH_LIMIT {
                 o.idle = false;
                 let r = o.w.write_all(&o.batch);
@@ -560,6 +558,9 @@ impl Session {
     /// Notes that the proxy has answered call `seq`: if nothing was sent after
     /// it, the proxy is idle.
     fn answered(&self, seq: u64) {
+        if !crate::config::get().remote_kick {
+            return;
+        }
         let mut o = lock(&self.out);
         if o.seq == seq && o.batch.is_empty() {
             o.idle = true;
