@@ -44,6 +44,17 @@ pub const GUEST_IP: &str = "10.77.0.3";
 /// The plain PV domain of the tier's stop-and-copy check.
 pub const PV_GUEST: &str = "pvguest";
 pub const PV_GUEST_IP: &str = "10.77.0.4";
+/// The GPU guest's twin on host 1 (two-host runs): the same image on the same
+/// emulated CPU, where the program's native run goes while host 0 carries on
+/// with crane.
+pub const TWIN: &str = "nativeguest";
+pub const TWIN_IP: &str = "10.77.0.5";
+/// Where the native run in the twin keeps its output, exit status and times.
+const NATIVE_DIR: &str = "/tmp/crane-native";
+/// How often the held program checks its device (`TESTAPP_HOLD_MS`): every
+/// check of a program on the proxy is a round trip over the emulated network,
+/// work for the one CPU of host 0 that the moves' memory copies need more.
+const HOLD_CHECK_MS: u32 = 100;
 /// Memory of the GPU guest. A live migration copies all of it, so it is kept small:
 /// the OpenCL runtime comes from a disk, its pages are only cached. PoCL compiling a
 /// program caches about 150 MB of LLVM; with 256 MB the guest thrashed (every evicted
@@ -213,6 +224,14 @@ pub enum Move {
 }
 
 impl Move {
+    /// The host the guest runs on after the move.
+    pub fn destination(&self) -> usize {
+        match *self {
+            Move::Live { to, .. } | Move::Xenstore { to, .. } => to,
+            Move::SaveRestore { host } => host,
+        }
+    }
+
     pub fn describe(&self) -> String {
         match *self {
             Move::Live { from, to } => format!("xl migrate host {from} -> host {to} (remote mode)"),
@@ -379,6 +398,15 @@ pub fn guest_config() -> DomuConfig {
         address: format!("{GUEST_IP}/24"),
         memory_mib: GUEST_MEMORY_MIB,
         ramdisk: crate::CRANE_GUEST_INITRD.into(),
+    }
+}
+
+/// The GPU guest's twin (see [`TWIN`]).
+pub fn twin_config() -> DomuConfig {
+    DomuConfig {
+        name: TWIN.into(),
+        address: format!("{TWIN_IP}/24"),
+        ..guest_config()
     }
 }
 
@@ -700,18 +728,91 @@ pub fn run_native(s: &Session, host: usize, app: &App) -> anyhow::Result<AppRun>
     ))
 }
 
+/// Starts the program's native run (the ICD loader and PoCL, without crane) in
+/// the background in `domain` on `host`; [`finish_native`] collects it.
+fn start_native(s: &Session, host: usize, domain: &str, app: &App) -> anyhow::Result<()> {
+    let runner = format!(
+        "cd /tmp\nread up _ < /proc/uptime; echo $up > {NATIVE_DIR}/start\n\
+         env -u LD_LIBRARY_PATH {} > {NATIVE_DIR}/out 2> {NATIVE_DIR}/err\n\
+         echo $? > {NATIVE_DIR}/status.new\nread up _ < /proc/uptime; echo $up > {NATIVE_DIR}/end\n\
+         mv {NATIVE_DIR}/status.new {NATIVE_DIR}/status\n",
+        app.command_line()
+    );
+    s.domu(
+        host,
+        domain,
+        &format!(
+            "rm -rf {NATIVE_DIR} && mkdir -p {NATIVE_DIR} && cat > {NATIVE_DIR}/run <<'RUN'\n{runner}RUN\n\
+             setsid sh {NATIVE_DIR}/run < /dev/null > /dev/null 2>&1 &"
+        ),
+    )?;
+    Ok(())
+}
+
+/// Waits for the native run [`start_native`] started and returns it.
+fn finish_native(s: &Session, host: usize, domain: &str, app: &App) -> anyhow::Result<AppRun> {
+    let times = wait_in(
+        s,
+        host,
+        domain,
+        &format!("[ -s {NATIVE_DIR}/status ]"),
+        Duration::from_secs(600),
+        &format!("cat {NATIVE_DIR}/status {NATIVE_DIR}/start {NATIVE_DIR}/end 2>/dev/null; true"),
+    )?;
+    let fields: Vec<&str> = times.split_whitespace().collect();
+    let [status, start, end] = fields[..] else {
+        bail!("the native run in {domain} did not end within 600 s: {times:?}");
+    };
+    let seconds = end.parse::<f64>()? - start.parse::<f64>()?;
+    Ok(AppRun::new(
+        app,
+        s.domu(host, domain, &format!("cat {NATIVE_DIR}/out"))?,
+        s.domu(host, domain, &format!("cat {NATIVE_DIR}/err"))?,
+        status
+            .parse()
+            .context("parsing the native run's exit status")?,
+        seconds,
+    ))
+}
+
 /// Starts the program in the background in the guest, under crane (the guest's
-/// environment puts crane's `libOpenCL.so.1` first), holding halfway until released,
-/// and a monitor that samples crane's view of it every 2 s (each cranectl run costs
-/// a few tenths of a second of the guest's one emulated CPU; the shortest mode it
-/// must see, `suspended` while the agent is driven by hand, lasts several seconds);
-/// returns its pid.
+/// environment puts crane's `libOpenCL.so.1` first), holding halfway until released;
+/// returns its pid. A program that does not hold gets its monitor (see
+/// [`start_monitor`]) at once; one that holds gets it once it holds, so that the
+/// monitor's cranectl runs do not slow its program build down.
 pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<u32> {
     let runner = format!(
-        "cd {APP_DIR}\nTESTAPP_HOLD={APP_DIR}/release {} > out 2> err &\necho $! > pid\n\
+        "cd {APP_DIR}\nTESTAPP_HOLD={APP_DIR}/release TESTAPP_HOLD_MS={HOLD_CHECK_MS} {} > out 2> err &\necho $! > pid\n\
          wait $!\necho $? > status\n",
         app.command_line()
     );
+    s.domu(
+        host,
+        GUEST,
+        &format!(
+            "rm -rf {APP_DIR} && mkdir -p {APP_DIR} && cat > {APP_DIR}/run <<'RUN'\n{runner}RUN\n\
+             setsid sh {APP_DIR}/run < /dev/null > /dev/null 2>&1 &"
+        ),
+    )?;
+    let pid = s.wait_domu(
+        host,
+        GUEST,
+        &format!("cat {APP_DIR}/pid 2>/dev/null || true"),
+        Duration::from_secs(30),
+        |out| out.trim().parse::<u32>().is_ok(),
+    )?;
+    if !app.holds() {
+        start_monitor(s, host)?;
+    }
+    Ok(pid.trim().parse()?)
+}
+
+/// Starts the guest's monitor of the program under crane: it samples crane's view
+/// of it every 2 s (each cranectl run costs a few tenths of a second of the guest's
+/// one emulated CPU; the shortest mode it must see, `suspended` while the agent is
+/// driven by hand, lasts several seconds) until the program's runner writes its
+/// exit status.
+fn start_monitor(s: &Session, host: usize) -> anyhow::Result<()> {
     // One line "PID MODE" per process, written only when the set changes: the file
     // is read back through the guest's console, which is slow.
     let monitor = format!(
@@ -726,20 +827,53 @@ pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<
         host,
         GUEST,
         &format!(
-            "rm -rf {APP_DIR} && mkdir -p {APP_DIR} && cat > {APP_DIR}/run <<'RUN'\n{runner}RUN\n\
-             cat > {APP_DIR}/monitor <<'RUN'\n{monitor}RUN\n\
-             setsid sh {APP_DIR}/run < /dev/null > /dev/null 2>&1 &\n\
+            "cat > {APP_DIR}/monitor <<'RUN'\n{monitor}RUN\n\
              setsid sh {APP_DIR}/monitor < /dev/null > /dev/null 2>&1 &"
         ),
     )?;
-    let pid = s.wait_domu(
+    Ok(())
+}
+
+/// Waits inside the guest, one shell loop checking `condition` every second, until
+/// it holds or `limit` passes; then runs `then` and returns its output. Waiting from
+/// outside would cost every check a command through the guest's console, which
+/// takes dom0 (sharing the emulated host's one CPU with the guest) most of a second.
+fn wait_in_guest(
+    s: &Session,
+    host: usize,
+    condition: &str,
+    limit: Duration,
+    then: &str,
+) -> anyhow::Result<String> {
+    wait_in(s, host, GUEST, condition, limit, then)
+}
+
+/// [`wait_in_guest`] in any domU.
+fn wait_in(
+    s: &Session,
+    host: usize,
+    domain: &str,
+    condition: &str,
+    limit: Duration,
+    then: &str,
+) -> anyhow::Result<String> {
+    let secs = limit.as_secs();
+    let out = s.try_domu(
         host,
-        GUEST,
-        &format!("cat {APP_DIR}/pid 2>/dev/null || true"),
-        Duration::from_secs(30),
-        |out| out.trim().parse::<u32>().is_ok(),
+        domain,
+        &format!(
+            "n=0; until {condition}; do n=$((n+1)); [ $n -gt {secs} ] && break; sleep 1; done\n{then}"
+        ),
+        limit + Duration::from_secs(30),
     )?;
-    Ok(pid.trim().parse()?)
+    ensure!(
+        out.success(),
+        "waiting in the guest for `{condition}`: status {}: {}{}",
+        out.status,
+        out.stdout_text(),
+        out.stderr_text()
+    );
+    Ok(out.stdout_text())
 }
 
 /// crane's view of the program (`cranectl --json list`), if it has a control socket.
@@ -758,22 +892,19 @@ pub fn app_status(s: &Session, host: usize, pid: u32) -> anyhow::Result<Option<A
 /// Waits until the program under crane holds halfway (its kernels built, its first
 /// half done), and checks that crane, not the ICD loader, is its `libOpenCL.so.1`.
 pub fn wait_holding(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppStatus> {
-    s.wait_domu(
+    let out = wait_in_guest(
+        s,
         host,
-        GUEST,
+        &format!("grep -q 'holding at iteration' {APP_DIR}/err || ! [ -d /proc/{pid} ]"),
+        Duration::from_secs(600),
         &format!(
             "cat {APP_DIR}/err; [ -d /proc/{pid} ] || {{ echo; echo ended; cat {APP_DIR}/status; }}"
         ),
-        Duration::from_secs(600),
-        |out| out.contains("holding at iteration") || out.contains("\nended"),
-    )
-    .and_then(|out| {
-        ensure!(
-            out.contains("holding at iteration"),
-            "the program ended before its hold: {out}"
-        );
-        Ok(())
-    })?;
+    )?;
+    ensure!(
+        out.contains("holding at iteration"),
+        "the program did not reach its hold within 600 s: {out}"
+    );
     let maps = s.domu(host, GUEST, &format!("cat /proc/{pid}/maps"))?;
     ensure!(
         maps.contains("/usr/lib/crane/libcrane_opencl.so"),
@@ -1609,6 +1740,17 @@ pub fn move_guest(
     })
 }
 
+/// Checks that a native run succeeded with a result.
+fn check_native(native: &AppRun, place: &str) -> anyhow::Result<()> {
+    ensure!(
+        native.status == 0 && !native.result.is_empty(),
+        "the native run in {place} failed (status {}): {}",
+        native.status,
+        native.stderr
+    );
+    Ok(())
+}
+
 /// Waits until the program under crane has ended and returns its run.
 pub fn wait_finished(
     s: &Session,
@@ -1616,13 +1758,17 @@ pub fn wait_finished(
     app: &App,
     started: Instant,
 ) -> anyhow::Result<AppRun> {
-    let status = s.wait_domu(
+    let status = wait_in_guest(
+        s,
         host,
-        GUEST,
-        &format!("cat {APP_DIR}/status 2>/dev/null || true"),
+        &format!("[ -s {APP_DIR}/status ]"),
         Duration::from_secs(600),
-        |out| !out.trim().is_empty(),
+        &format!("cat {APP_DIR}/status 2>/dev/null || true"),
     )?;
+    ensure!(
+        !status.trim().is_empty(),
+        "the program under crane did not end within 600 s of its release"
+    );
     let seconds = started.elapsed().as_secs_f64();
     let stdout = s.domu(host, GUEST, &format!("cat {APP_DIR}/out"))?;
     let stderr = s.domu(host, GUEST, &format!("cat {APP_DIR}/err"))?;
@@ -1633,6 +1779,20 @@ pub fn wait_finished(
         status.trim().parse().context("parsing the exit status")?,
         seconds,
     ))
+}
+
+/// Releases the program from its hold (a program that does not hold ignores it),
+/// waits until it has ended, and checks that it exited with status 0.
+fn release(s: &Session, host: usize, app: &App, started: Instant) -> anyhow::Result<AppRun> {
+    s.domu(host, GUEST, &format!("touch {APP_DIR}/release"))?;
+    let crane = wait_finished(s, host, app, started)?;
+    ensure!(
+        crane.status == 0,
+        "the program under crane failed (status {}): {}",
+        crane.status,
+        crane.stderr
+    );
+    Ok(crane)
 }
 
 /// The whole scenario on the session's hosts (1 or 2): see the module's description.
@@ -1693,6 +1853,13 @@ pub fn diagnose(s: &Session) -> String {
 }
 
 fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
+    // With two hosts the native run goes to the guest's twin on host 1, which
+    // has nothing else to do until the move there, while host 0 goes on with
+    // crane (each emulated host has a CPU of its own).
+    let twin = s.hosts.len() == 2;
+    if twin {
+        create_domain(s, 1, &twin_config())?;
+    }
     start_craned(s)?;
     let mut proxy = check_proxy(s)?;
     s.phase("craned on every host; the proxy domain created by craned, crane-proxy with the guest's token, its own GPU bound");
@@ -1725,19 +1892,22 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     );
     s.phase("the GPU guest (HVM) boots, gets host 0's GPU; crane-agent answers craned");
 
-    let native = run_native(s, 0, app)?;
-    ensure!(
-        native.status == 0 && !native.result.is_empty(),
-        "the native run in the guest failed (status {}): {}",
-        native.status,
-        native.stderr
-    );
-    s.phase(&format!("native run of {} in the guest", app.program));
+    let native_here = if twin {
+        wait_booted(s, 1, TWIN)?;
+        start_native(s, 1, TWIN, app)?;
+        None
+    } else {
+        let native = run_native(s, 0, app)?;
+        check_native(&native, "the guest")?;
+        s.phase(&format!("native run of {} in the guest", app.program));
+        Some(native)
+    };
 
     let crane_started = Instant::now();
     let pid = start_under_crane(s, 0, app)?;
     let checks = if app.holds() {
         wait_holding(s, 0, pid)?;
+        start_monitor(s, 0)?;
         s.phase("the same program under crane, holding halfway");
         let by_hand = agent_by_hand(s, pid).context("driving the agent by hand")?;
         eprint!("{by_hand}");
@@ -1751,6 +1921,19 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         s.phase("the same program under crane, running");
         None
     };
+    let native = match native_here {
+        Some(native) => native,
+        None => {
+            let native = finish_native(s, 1, TWIN, app)?;
+            check_native(&native, &format!("{TWIN} on host 1"))?;
+            s.dom0(1, &format!("xl destroy {TWIN}"))?;
+            s.phase(&format!(
+                "native run of {} in the guest's twin on host 1 (meanwhile: {:.1}s), collected",
+                app.program, native.seconds
+            ));
+            native
+        }
+    };
 
     // Through the wrapper to the same host; through the XenStore trigger to the other
     // host (or, with one host, to the same one again); stop-and-copy on the last.
@@ -1763,7 +1946,16 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     let mut samples = 0;
     let mut migrations = Vec::new();
     let mut here = 0;
-    for how in moves {
+    // With two hosts, the last move (stop-and-copy on host 1) and the program's end
+    // need nothing of host 0 (each emulated host has a CPU of its own): host 0
+    // meanwhile checks that craned creates a destroyed proxy domain again.
+    let overlap = other != 0 && app.holds();
+    let (sequential, last) = if overlap {
+        (&moves[..moves.len() - 1], moves.last().copied())
+    } else {
+        (&moves[..], None)
+    };
+    for &how in sequential {
         if !app.holds() && app_ended(s, here)? {
             eprintln!("the program has ended; no more moves");
             break;
@@ -1773,38 +1965,72 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         eprint!("{}", m.log);
         eprintln!("modes seen: {:?}", m.modes_seen);
         s.phase(&how.describe());
-        here = match how {
-            Move::Live { to, .. } | Move::Xenstore { to, .. } => to,
-            Move::SaveRestore { host } => host,
-        };
+        here = how.destination();
         migrations.push(m);
     }
     ensure!(
         !migrations.is_empty(),
         "the program ended before the first move: give it more work"
     );
-    let last = here;
-
-    s.domu(last, GUEST, &format!("touch {APP_DIR}/release"))?;
-    let crane = wait_finished(s, last, app, crane_started)?;
-    s.phase("the program under crane released and finished");
-    ensure!(
-        crane.status == 0,
-        "the program under crane failed (status {}): {}",
-        crane.status,
-        crane.stderr
-    );
+    let (crane, recreated) = match last {
+        Some(how) => {
+            proxy.log = s.domu(0, PROXY, "cat /var/log/crane-proxy.log")?;
+            let shared: &Session = s;
+            let samples = &mut samples;
+            let (m, crane, recreated) = std::thread::scope(|scope| -> anyhow::Result<_> {
+                let proxy_side = scope.spawn(|| {
+                    let started = Instant::now();
+                    let recreated = proxy_recreated(shared);
+                    eprintln!(
+                        "host 0, meanwhile: the proxy domain destroyed and created again ({:.1}s)",
+                        started.elapsed().as_secs_f64()
+                    );
+                    recreated
+                });
+                let started = Instant::now();
+                let m = move_guest(shared, app, how, pid, samples)
+                    .with_context(|| format!("moving the guest: {how:?}"))?;
+                eprint!("{}", m.log);
+                eprintln!("modes seen: {:?}", m.modes_seen);
+                eprintln!(
+                    "{}: {:.1}s",
+                    how.describe(),
+                    started.elapsed().as_secs_f64()
+                );
+                let crane = release(shared, how.destination(), app, crane_started)?;
+                let recreated = proxy_side
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("the proxy domain's check panicked"))?
+                    .context("the proxy domain destroyed")?;
+                Ok((m, crane, recreated))
+            })?;
+            migrations.push(m);
+            eprint!("{recreated}");
+            s.phase(&format!(
+                "{}; the program under crane released and finished; meanwhile on host 0 \
+                 the proxy domain destroyed: craned recreated it, its GPU bound, crane-proxy \
+                 answering",
+                how.describe()
+            ));
+            (crane, recreated)
+        }
+        None => {
+            let crane = release(s, here, app, crane_started)?;
+            s.phase("the program under crane released and finished");
+            proxy.log = s.domu(0, PROXY, "cat /var/log/crane-proxy.log")?;
+            let recreated = proxy_recreated(s).context("the proxy domain destroyed")?;
+            eprint!("{recreated}");
+            s.phase(
+                "the proxy domain destroyed: craned recreated it, its GPU bound, crane-proxy answering",
+            );
+            (crane, recreated)
+        }
+    };
     ensure!(
         crane.result == native.result,
         "results differ: native {:?}, under crane {:?}",
         native.result,
         crane.result
-    );
-    proxy.log = s.domu(0, PROXY, "cat /var/log/crane-proxy.log")?;
-    let recreated = proxy_recreated(s).context("the proxy domain destroyed")?;
-    eprint!("{recreated}");
-    s.phase(
-        "the proxy domain destroyed: craned recreated it, its GPU bound, crane-proxy answering",
     );
     Ok(Report {
         proxy,

@@ -24,6 +24,8 @@ use crane_test_vms::session::Session;
 use crane_test_vms::xl::{find_domain, parse_ping_received, parse_xl_list};
 
 const DOM0_IP: &str = "10.77.0.1";
+/// The host of the PV stop-and-copy check.
+const PV_HOST: usize = 1;
 
 /// Pings `target` 3 times from dom0 of `host` (no domain) or from a domU; the replies.
 fn ping(s: &Session, host: usize, domain: Option<&str>, target: &str) -> u32 {
@@ -78,33 +80,51 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
     s.dom0(0, &format!("xl create /etc/xen/crane/{PROXY}.cfg"))
         .unwrap();
     scenario::create_domain(&s, 0, &scenario::guest_config()).unwrap();
-    // --- PV stop-and-copy: a small PV domain saved and restored with its memory.
+    // --- PV stop-and-copy: a small PV domain saved and restored with its memory, on
+    // host 1, which has nothing else to do meanwhile: each emulated host has one CPU
+    // (a core of the machine), so host 0 boots the proxy domain and the HVM guest
+    // undisturbed while host 1 works.
     // (Before it ever holds a device: a PV domain that had a device attached and
     // detached crashes when restored, Linux 6.1 xen_irq_resume; docs/testbed.md.)
-    scenario::create_domain(&s, 0, &scenario::pv_guest_config()).unwrap();
-    scenario::wait_booted(&s, 0, PV_GUEST).unwrap();
-    s.domu(0, PV_GUEST, "echo crane-$$-marker > /run/marker")
+    scenario::create_domain(&s, PV_HOST, &scenario::pv_guest_config()).unwrap();
+    scenario::wait_booted(&s, PV_HOST, PV_GUEST).unwrap();
+    s.domu(PV_HOST, PV_GUEST, "echo crane-$$-marker > /run/marker")
         .unwrap();
-    let marker = s.domu(0, PV_GUEST, "cat /run/marker").unwrap();
+    let marker = s.domu(PV_HOST, PV_GUEST, "cat /run/marker").unwrap();
     s.dom0(
-        0,
+        PV_HOST,
         &format!("mkdir -p /run/xen-save && xl save {PV_GUEST} /run/xen-save/pv.chk"),
     )
     .unwrap();
-    assert!(find_domain(&parse_xl_list(&s.dom0(0, "xl list").unwrap()), PV_GUEST).is_none());
+    assert!(
+        find_domain(
+            &parse_xl_list(&s.dom0(PV_HOST, "xl list").unwrap()),
+            PV_GUEST
+        )
+        .is_none()
+    );
     s.dom0(
-        0,
+        PV_HOST,
         "xl restore /run/xen-save/pv.chk && rm /run/xen-save/pv.chk",
     )
     .unwrap();
-    assert!(find_domain(&parse_xl_list(&s.dom0(0, "xl list").unwrap()), PV_GUEST).is_some());
-    assert_eq!(s.domu(0, PV_GUEST, "cat /run/marker").unwrap(), marker);
-    assert_eq!(
-        ping(&s, 0, Some(PV_GUEST), DOM0_IP),
-        3,
-        "the restored PV domain reaches dom0"
+    assert!(
+        find_domain(
+            &parse_xl_list(&s.dom0(PV_HOST, "xl list").unwrap()),
+            PV_GUEST
+        )
+        .is_some()
     );
-    s.dom0(0, &format!("xl destroy {PV_GUEST}")).unwrap();
+    assert_eq!(
+        s.domu(PV_HOST, PV_GUEST, "cat /run/marker").unwrap(),
+        marker
+    );
+    assert_eq!(
+        ping(&s, PV_HOST, Some(PV_GUEST), DOM0_IP),
+        3,
+        "the restored PV domain reaches host 0's dom0 across the linked bridges"
+    );
+    s.dom0(PV_HOST, &format!("xl destroy {PV_GUEST}")).unwrap();
     s.phase("PV domain: xl save + xl restore keep its memory");
 
     // --- crane: craned, crane-agent, crane-proxy, the wrapper; three moves.

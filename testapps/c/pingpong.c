@@ -93,10 +93,12 @@ int main(int argc, char **argv)
 
     /* TESTAPP_HOLD=FILE (the end-to-end tier): halfway through, keep checking
      * the device against the host mirror with small blocking reads, one every
-     * 20 ms, until FILE exists. The reads are not hashed, so the result is
+     * 20 ms (TESTAPP_HOLD_MS), until FILE exists. The reads are not hashed, so the result is
      * that of a run without the hold; while the guest migrates they are what
      * the program asks of crane (forwarded to the proxy, or held while parked). */
     const char *hold = getenv("TESTAPP_HOLD");
+    const char *hold_ms = getenv("TESTAPP_HOLD_MS");
+    long every_us = hold_ms && atol(hold_ms) > 0 ? atol(hold_ms) * 1000 : 20000;
     for (int it = 0; it < iters; it++) {
         if (hold && it == iters / 2) {
             fprintf(stderr, "pingpong: holding at iteration %d until %s exists\n", it, hold);
@@ -107,7 +109,7 @@ int main(int argc, char **argv)
                 if (memcmp(probe, host[cur], sizeof probe) != 0)
                     fail("device buffer differs from host mirror while held");
                 checks++;
-                sleep_us(20000);
+                sleep_us(every_us);
             }
             fprintf(stderr, "pingpong: released after %ld checks\n", checks);
         }

@@ -8,7 +8,7 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use crane_xl::{Plan, Reporter, Settings, ask, check_real_xl, plan};
-use craned_control::tree_written_bytes;
+use craned_control::migration_stream_bytes;
 use craned_control::{ControlError, Mode, Request};
 
 fn exec_real(settings: &Settings, args: &[String]) -> i32 {
@@ -65,7 +65,7 @@ fn run_real(settings: &Settings, args: &[String], rep: &Reporter, watch: Watch<'
                     }
                 }
                 Watch::Migrate => {
-                    if let Some(b) = tree_written_bytes(child.id()) {
+                    if let Some(b) = migration_stream_bytes(child.id()) {
                         rep.line(&format!("xl migrate: {:.1} MiB sent", mib(b)));
                     }
                 }

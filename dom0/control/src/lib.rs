@@ -300,11 +300,18 @@ pub fn call(
     }
 }
 
-/// Bytes written so far by process `pid` and its descendants (`wchar` of
-/// /proc/PID/io, which also counts the children it has reaped): during `xl
-/// migrate` that is the migration stream, written by libxl's save helper.
-/// `None` when /proc cannot tell (the process is gone, or not ours).
-pub fn tree_written_bytes(pid: u32) -> Option<u64> {
+/// The name (`comm`, cut to 15 bytes) of libxl's save helper, the process
+/// that writes the migration stream for `xl migrate` and `xl save`.
+const SAVE_HELPER_COMM: &str = "libxl-save-help";
+
+/// Bytes of the migration stream that `xl migrate` (process `pid`) has sent
+/// so far: what libxl's save helper, a descendant of xl, has written (`wchar`
+/// of /proc/PID/io). Only the helper counts: a transport that carries the
+/// stream (socat, ssh) writes the same bytes again, and xl's own count takes
+/// in its children's once it has reaped them. `None` while no helper runs
+/// (not started yet, or done: callers keep the last figure) or when /proc
+/// cannot tell.
+pub fn migration_stream_bytes(pid: u32) -> Option<u64> {
     fn written(pid: u32) -> Option<u64> {
         let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
         io.lines()
@@ -312,6 +319,10 @@ pub fn tree_written_bytes(pid: u32) -> Option<u64> {
             .trim()
             .parse()
             .ok()
+    }
+    fn is_helper(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == SAVE_HELPER_COMM)
     }
     fn children(pid: u32) -> Vec<u32> {
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -327,18 +338,22 @@ pub fn tree_written_bytes(pid: u32) -> Option<u64> {
             })
             .collect()
     }
-    let mut total = written(pid)?;
     let mut todo = children(pid);
     let mut seen = 0;
+    let mut total = None;
     while let Some(p) = todo.pop() {
         seen += 1;
         if seen > 256 {
             break;
         }
-        total += written(p).unwrap_or(0);
+        if is_helper(p)
+            && let Some(n) = written(p)
+        {
+            total = Some(total.unwrap_or(0) + n);
+        }
         todo.extend(children(p));
     }
-    Some(total)
+    total
 }
 
 #[cfg(test)]
@@ -433,24 +448,36 @@ mod progress_tests {
     use std::time::{Duration, Instant};
 
     #[test]
-    fn counts_what_a_process_tree_writes() {
+    fn counts_the_stream_the_save_helper_writes_once() {
+        // A stand-in helper (a shell under the helper's name) writes 3 MB into
+        // a pipe whose reader relays it: only the helper's bytes count.
+        let dir = std::env::temp_dir().join(format!("crane-stream-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let helper = dir.join("libxl-save-helper");
+        let _ = std::fs::remove_file(&helper);
+        std::os::unix::fs::symlink("/bin/sh", &helper).unwrap();
+        let script = format!(
+            "{} -c 'i=0; while [ $i -lt 1000 ]; do printf \"%3000s\" x; i=$((i+1)); done; sleep 5' \
+             | cat > /dev/null; sleep 5",
+            helper.display()
+        );
         let mut child = std::process::Command::new("sh")
-            .args(["-c", "head -c 3000000 /dev/zero | cat > /dev/null; sleep 5"])
+            .args(["-c", &script])
             .spawn()
             .unwrap();
         let until = Instant::now() + Duration::from_secs(4);
-        let mut seen = 0;
+        let mut seen = None;
         while Instant::now() < until {
-            seen = tree_written_bytes(child.id()).unwrap_or(0);
-            if seen >= 6_000_000 {
+            seen = migration_stream_bytes(child.id());
+            if seen.is_some_and(|n| n >= 3_000_000) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         child.kill().unwrap();
         child.wait().unwrap();
-        // head's 3 MB into the pipe and cat's 3 MB to /dev/null.
-        assert!(seen >= 6_000_000, "{seen}");
-        assert_eq!(tree_written_bytes(u32::MAX), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(seen, Some(3_000_000), "the helper's writes, once");
+        assert_eq!(migration_stream_bytes(u32::MAX), None);
     }
 }

@@ -133,7 +133,7 @@ impl Transfers for XlTransfers {
 
 impl Running for XlRunning {
     fn bytes(&self) -> Option<u64> {
-        craned_control::tree_written_bytes(self.child.id())
+        craned_control::migration_stream_bytes(self.child.id())
     }
 
     fn poll(&mut self) -> Option<Result<(), String>> {
