@@ -439,11 +439,14 @@ pub fn load() -> ClResult<()> {
         let mut chosen = Vec::new();
         for p in &st.platforms {
             let Some(i) = avail.iter().position(|(n, _)| *n == p.name) else {
-                warn!(
-                    "platform {:?} is not offered by {}",
+                let offered: Vec<&str> = avail.iter().map(|(n, _)| n.as_str()).collect();
+                let why = format!(
+                    "platform {:?} of this process is not offered by {} (it offers {offered:?})",
                     p.name,
                     describe(&target)
                 );
+                warn!("{why}");
+                st.load_error = Some(why);
                 close_all(loaded);
                 return Err(CL_DEVICE_NOT_AVAILABLE);
             };
@@ -460,11 +463,14 @@ pub fn load() -> ClResult<()> {
             let now = match vendor_devices(st.platforms[pi].base.vendor().cast()) {
                 Ok(v) if v.len() >= devs.len() => v,
                 r => {
-                    warn!(
-                        "platform {:?} on {} lacks devices: {r:?}",
+                    let why = format!(
+                        "platform {:?} on {} has fewer devices than this process uses ({}): {r:?}",
                         st.platforms[pi].name,
-                        describe(&target)
+                        describe(&target),
+                        devs.len()
                     );
+                    warn!("{why}");
+                    st.load_error = Some(why);
                     for p in &st.platforms {
                         p.base.take_vendor();
                     }
