@@ -1457,6 +1457,25 @@ static void check_still_works(struct env *v, const char *what)
     hash_bytes(out, sizeof out);
 }
 
+/* --repeat-bad-arg: the same wrong-size kernel argument set three times, each
+ * time followed by clFinish. Every round must report an error: from
+ * clSetKernelArg natively, from clFinish where crane forwards calls to
+ * crane-proxy (a posted call's error surfaces at the next synchronising call).
+ * A client that skips sending an argument the proxy already holds must not
+ * skip this one. Then valid arguments and a launch still work. */
+static void repeat_bad_arg(struct env *v)
+{
+    uint16_t narrow = 7;
+    for (int round = 0; round < 3; round++) {
+        cl_int set = clSetKernelArg(v->k, 1, sizeof narrow, &narrow);
+        cl_int fin = clFinish(v->q);
+        printf("round %d: clSetKernelArg %d, clFinish %d\n", round, set, fin);
+        if (set == CL_SUCCESS && fin == CL_SUCCESS)
+            fail("a wrong-size kernel argument set again reported no error");
+    }
+    check_still_works(v, "computation after the repeated bad argument");
+}
+
 /* --faults: each call twice in a row; the fault-injection build of crane makes
  * the first of each panic inside crane, and the second must work. */
 static void fault_cases(void)
@@ -1630,7 +1649,7 @@ static void wait_in_call(struct env *v, int ms)
 int main(int argc, char **argv)
 {
     g_prog = "badinput";
-    int faults = 0, work = 0, wait_ms = 0, binary = 0;
+    int faults = 0, work = 0, wait_ms = 0, binary = 0, bad_arg = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--foreign") == 0)
             g_foreign = 1;
@@ -1640,12 +1659,14 @@ int main(int argc, char **argv)
             work = 1;
         else if (strcmp(argv[i], "--binary-hold") == 0)
             binary = 1;
+        else if (strcmp(argv[i], "--repeat-bad-arg") == 0)
+            bad_arg = 1;
         else if (strcmp(argv[i], "--wait-in-call") == 0 && i + 1 < argc)
             wait_ms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             i++; /* run-native.sh passes --iters; there is nothing to repeat */
         else {
-            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--wait-in-call MS] [--iters N]\n",
+            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--repeat-bad-arg] [--wait-in-call MS] [--iters N]\n",
                     argv[0]);
             return 2;
         }
@@ -1670,6 +1691,11 @@ int main(int argc, char **argv)
     setup(&v);
     if (binary) {
         binary_hold(&v);
+        print_result();
+        return 0;
+    }
+    if (bad_arg) {
+        repeat_bad_arg(&v);
         print_result();
         return 0;
     }

@@ -276,6 +276,51 @@ fn starts_remote_then_goes_local() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// crane does not send an argument again that the proxy's kernel holds
+/// already, but a wrong one set again after its error was reported is sent
+/// again and fails again, as natively; valid arguments then compute the
+/// native result.
+#[test]
+fn a_bad_argument_set_again_fails_again() {
+    let proxy = Proxy::start("bad-arg", true, &[("abc", "t")]);
+    let native = Command::new(apps().join("badinput"))
+        .arg("--repeat-bad-arg")
+        .output()
+        .unwrap();
+    assert!(
+        native.status.success(),
+        "natively: {}",
+        String::from_utf8_lossy(&native.stderr)
+    );
+    let out = Command::new(apps().join("badinput"))
+        .arg("--repeat-bad-arg")
+        .env("LD_PRELOAD", library())
+        .env("CRANE_CONTROL", "0")
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "abc")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "remote: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for round in 0..3 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("round {round}:")))
+            .unwrap_or_else(|| panic!("no round {round} in {stdout}"));
+        // Posted: the error comes with the next clFinish.
+        assert!(
+            line.contains("clSetKernelArg 0,") && !line.ends_with("clFinish 0"),
+            "{line}"
+        );
+    }
+    assert_eq!(result_line(&out.stdout), result_line(&native.stdout));
+}
+
 /// Two applications of two tenants on one proxy at once, each switching on its
 /// own, both end with their native results.
 #[test]

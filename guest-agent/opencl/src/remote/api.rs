@@ -1456,17 +1456,43 @@ pub unsafe extern "C" fn rSetKernelArg(
                 None => KernelArg::Bytes(bytes.to_vec()),
             }
         };
+        // An argument set again to the value it has (a frame loop setting
+        // every argument before each launch) is not sent: the proxy's kernel
+        // holds it already. Unless a posted call failed since it was sent:
+        // it may have been that one, and then the proxy's kernel does not
+        // hold it, and the vendor's error must come again.
+        let failures = o.session.failures();
+        let mut args = o.args.lock().unwrap_or_else(|e| e.into_inner());
+        let i = index as usize;
+        if args
+            .get(i)
+            .and_then(Option::as_ref)
+            .is_some_and(|(sent, at)| *at == failures && *sent == arg)
+        {
+            return Ok(());
+        }
         o.session.post(
             &Call::SetKernelArg {
                 kernel: o.id,
                 index,
-                arg,
+                arg: arg.clone(),
             },
             &[],
             false,
-        )
+        )?;
+        if i < MAX_REMEMBERED_ARGS {
+            if args.len() <= i {
+                args.resize(i + 1, None);
+            }
+            args[i] = Some((arg, failures));
+        }
+        Ok(())
     })
 }
+
+/// Arguments beyond this index are always sent (the vector of remembered
+/// values is indexed by what the application passes).
+const MAX_REMEMBERED_ARGS: usize = 64;
 
 pub unsafe extern "C" fn rRetainKernel(k: cl_kernel) -> cl_int {
     super::retain(k.cast())

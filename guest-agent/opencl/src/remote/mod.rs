@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crane_wire::{Answer, Call, Id};
+use crane_wire::{Answer, Call, Id, KernelArg};
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 use opencl_sys::*;
 
@@ -51,6 +51,9 @@ pub struct RObj {
     /// For platforms: the root devices (object address, device type), listed
     /// once so that every query returns the same objects, as a vendor does.
     pub devices: std::sync::OnceLock<Vec<(usize, cl_device_type)>>,
+    /// For kernels: per argument index, the value last sent and the session's
+    /// count of failed posted calls then (see `api::rSetKernelArg`).
+    pub args: Mutex<Vec<Option<(KernelArg, u64)>>>,
 }
 
 // SAFETY: the raw dispatch pointer refers to an immutable static; every other
@@ -75,6 +78,7 @@ impl RObj {
             reads: Mutex::new(ReadTickets::default()),
             out_of_order: Default::default(),
             after: Mutex::new(None),
+            args: Mutex::new(Vec::new()),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live

@@ -192,6 +192,8 @@ struct Shared {
     callbacks: Mutex<HashMap<u64, StatusCallback>>,
     cb_tx: Mutex<Option<Sender<Job>>>,
     failures_logged: AtomicU32,
+    /// Posted calls the proxy reported as failed, ever.
+    failures: AtomicU64,
 }
 
 struct Out {
@@ -330,6 +332,7 @@ impl Session {
             callbacks: Mutex::new(HashMap::new()),
             cb_tx: Mutex::new(Some(cb_tx)),
             failures_logged: AtomicU32::new(0),
+            failures: AtomicU64::new(0),
         });
         let cb_thread = std::thread::Builder::new()
             .name("crane-remote-cb".into())
@@ -637,6 +640,11 @@ impl Session {
         }
     }
 
+    /// How many posted calls the proxy has reported as failed so far.
+    pub fn failures(&self) -> u64 {
+        self.shared.failures.load(Ordering::Acquire)
+    }
+
     /// The first failure of a posted call since the last time, if any: what a
     /// synchronising call returns when it succeeded itself.
     pub fn take_failure(&self) -> Option<cl_int> {
@@ -760,6 +768,7 @@ fn handle(
     if h.seq == 0 {
         match answer {
             Answer::Failed { seq, status } => {
+                shared.failures.fetch_add(1, Ordering::AcqRel);
                 if shared.failures_logged.fetch_add(1, Ordering::Relaxed) < 20 {
                     warn!("crane-proxy: posted call #{seq} failed with OpenCL error {status}");
                 }
