@@ -108,6 +108,9 @@ unsafe extern "C" {
 fn test() -> Result<()> {
     let t = Instant::now();
     ensure_packages()?;
+    // The end-to-end tier's tools and pinned packages are installed, downloaded
+    // and unpacked (mostly waiting on the network) while the other tiers run.
+    let prefetch = std::thread::spawn(prefetch_testbed);
     run(cargo().args(["fmt", "--all", "--check"]))?;
     // CRANE_E2E=1 would turn the end-to-end tests on inside the fast tiers.
     run(cargo()
@@ -138,6 +141,12 @@ fn test() -> Result<()> {
         "xtask: unit and integration tiers passed in {:.0} s; now the end-to-end tier",
         t.elapsed().as_secs_f64()
     );
+    match prefetch.join() {
+        Ok(Ok(())) => {}
+        // The tier builds its images itself and reports what fails there.
+        Ok(Err(e)) => eprintln!("xtask: fetching the testbed's packages ahead failed: {e:#}"),
+        Err(_) => eprintln!("xtask: fetching the testbed's packages ahead panicked"),
+    }
     match tier::prepare() {
         Readiness::Ready => tier::run()?,
         Readiness::Skip(reason) => {
@@ -159,6 +168,23 @@ fn test() -> Result<()> {
     eprintln!(
         "xtask: all tiers passed, the end-to-end tier included, in {:.0} s",
         t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Installs the end-to-end tier's host tools if they are missing and fetches
+/// and unpacks its pinned Debian packages into the image cache, unless the
+/// tier is to be skipped.
+fn prefetch_testbed() -> Result<()> {
+    if let Readiness::Skip(_) = tier::prepare() {
+        return Ok(());
+    }
+    let started = Instant::now();
+    crane_images::Builder::new(crane_images::Paths::in_workspace(&root()))
+        .context("fetching the testbed's pinned packages")?;
+    eprintln!(
+        "xtask: the testbed's pinned packages are fetched and unpacked ({:.0} s, beside the other tiers)",
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }
