@@ -29,7 +29,8 @@ pub struct Config {
     pub remote_batch: bool,
     /// `CRANE_REMOTE_SPIN_US` (default 200): how long a thread blocked in a
     /// forwarded call watches for its answer before it sleeps (a sleeping
-    /// thread costs the answer a wake-up, several microseconds).
+    /// thread costs the answer a wake-up, several microseconds), and how long
+    /// the reader thread watches its socket after each answer.
     pub remote_spin_us: u64,
     /// `CRANE_REMOTE_KICK=0`: the first kernel launch after the proxy went
     /// idle waits in the batch like any other call, instead of being sent at

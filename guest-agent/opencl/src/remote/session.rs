@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crane_wire::{Answer, Call, Header, Limits, VERSION_MAJOR, VERSION_MINOR, WireError};
 use opencl_sys::*;
@@ -194,6 +194,8 @@ struct Shared {
     failures_logged: AtomicU32,
     /// Posted calls the proxy reported as failed, ever.
     failures: AtomicU64,
+    /// Threads waiting for an answer (see [`ReaderStream`]).
+    waiting: AtomicU32,
 }
 
 struct Out {
@@ -333,6 +335,7 @@ impl Session {
             cb_tx: Mutex::new(Some(cb_tx)),
             failures_logged: AtomicU32::new(0),
             failures: AtomicU64::new(0),
+            waiting: AtomicU32::new(0),
         });
         let cb_thread = std::thread::Builder::new()
             .name("crane-remote-cb".into())
@@ -507,6 +510,7 @@ impl Session {
             ticket: None,
         };
         let t0 = self.trace.is_some().then(std::time::Instant::now);
+        let _waiting = Waiting::new(&self.shared.waiting);
         let seq = self.send_with_slot(call, payload, slot)?;
         let t1 = self.trace.is_some().then(std::time::Instant::now);
         let spin = Duration::from_micros(crate::config::get().remote_spin_us);
@@ -719,12 +723,95 @@ fn die(shared: &Shared, why: String) {
     }
 }
 
+/// Counts a thread as waiting for an answer while it lives.
+struct Waiting<'a>(&'a AtomicU32);
+
+impl<'a> Waiting<'a> {
+    fn new(n: &'a AtomicU32) -> Self {
+        n.fetch_add(1, Ordering::AcqRel);
+        Waiting(n)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The reader thread's side of the socket. While an answer is due soon (a
+/// thread waits for one, or the last answer came less than
+/// `CRANE_REMOTE_SPIN_US` ago: a frame loop's next blocking call follows
+/// within microseconds), it watches the socket with non-blocking `recv`s,
+/// yielding the core between them, before it sleeps in `read`: an answer then
+/// costs no wake-up of this thread (the waiting thread watches for it the
+/// same way).
+struct ReaderStream {
+    s: Stream,
+    shared: Arc<Shared>,
+    spin: Duration,
+    /// Until when to watch after the last answer.
+    hot_until: Option<Instant>,
+}
+
+impl ReaderStream {
+    fn recv_now(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let fd = match &self.s {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        // SAFETY: `buf` is writable for its length; the socket is ours.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn watching(&self) -> bool {
+        self.shared.waiting.load(Ordering::Acquire) > 0
+            || self.hot_until.is_some_and(|t| Instant::now() < t)
+    }
+}
+
+impl Read for ReaderStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if !self.spin.is_zero() && self.watching() {
+            let limit = Instant::now() + self.spin;
+            loop {
+                match self.recv_now(buf) {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                        ) => {}
+                    r => return r,
+                }
+                if Instant::now() >= limit || !self.watching() {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.s.read(buf)
+    }
+}
+
 fn reader_loop(
     r: Stream,
     shared: Arc<Shared>,
     session: std::sync::Weak<Session>,
     max_payload: u64,
 ) {
+    let spin = Duration::from_micros(crate::config::get().remote_spin_us);
+    let r = ReaderStream {
+        s: r,
+        shared: shared.clone(),
+        spin,
+        hot_until: None,
+    };
     // Buffered: a header and a small answer cost one system call, not
     // three; large payloads still go straight into their destination.
     let mut r = std::io::BufReader::with_capacity(64 << 10, r);
@@ -743,6 +830,7 @@ fn reader_loop(
         if let Err(e) = handle(&mut r, &shared, &session, h, answer) {
             break e;
         }
+        r.get_mut().hot_until = Some(Instant::now() + spin);
     };
     let closing = session
         .upgrade()
