@@ -738,12 +738,31 @@ fn start_native(s: &Session, host: usize, domain: &str, app: &App) -> anyhow::Re
          mv {NATIVE_DIR}/status.new {NATIVE_DIR}/status\n",
         app.command_line()
     );
+    spawn_script(s, host, domain, NATIVE_DIR, "run", &runner, true)
+}
+
+/// Writes `script` to DIR/NAME in `domain` (DIR made afresh if `fresh`) and
+/// starts it in the background, detached from the console's command.
+fn spawn_script(
+    s: &Session,
+    host: usize,
+    domain: &str,
+    dir: &str,
+    name: &str,
+    script: &str,
+    fresh: bool,
+) -> anyhow::Result<()> {
+    let make = if fresh {
+        format!("rm -rf {dir} && mkdir -p {dir} && ")
+    } else {
+        String::new()
+    };
     s.domu(
         host,
         domain,
         &format!(
-            "rm -rf {NATIVE_DIR} && mkdir -p {NATIVE_DIR} && cat > {NATIVE_DIR}/run <<'RUN'\n{runner}RUN\n\
-             setsid sh {NATIVE_DIR}/run < /dev/null > /dev/null 2>&1 &"
+            "{make}cat > {dir}/{name} <<'RUN'\n{script}RUN\n\
+             setsid sh {dir}/{name} < /dev/null > /dev/null 2>&1 &"
         ),
     )?;
     Ok(())
@@ -786,14 +805,7 @@ pub fn start_under_crane(s: &Session, host: usize, app: &App) -> anyhow::Result<
          wait $!\necho $? > status\n",
         app.command_line()
     );
-    s.domu(
-        host,
-        GUEST,
-        &format!(
-            "rm -rf {APP_DIR} && mkdir -p {APP_DIR} && cat > {APP_DIR}/run <<'RUN'\n{runner}RUN\n\
-             setsid sh {APP_DIR}/run < /dev/null > /dev/null 2>&1 &"
-        ),
-    )?;
+    spawn_script(s, host, GUEST, APP_DIR, "run", &runner, true)?;
     let pid = s.wait_domu(
         host,
         GUEST,
@@ -823,15 +835,7 @@ fn start_monitor(s: &Session, host: usize) -> anyhow::Result<()> {
          if [ -n \"$now\" ] && [ \"$now\" != \"$last\" ]; then echo \"$now\" >> {APP_DIR}/modes; last=$now; fi\n\
          sleep 2\ndone\n"
     );
-    s.domu(
-        host,
-        GUEST,
-        &format!(
-            "cat > {APP_DIR}/monitor <<'RUN'\n{monitor}RUN\n\
-             setsid sh {APP_DIR}/monitor < /dev/null > /dev/null 2>&1 &"
-        ),
-    )?;
-    Ok(())
+    spawn_script(s, host, GUEST, APP_DIR, "monitor", &monitor, false)
 }
 
 /// Waits inside the guest, one shell loop checking `condition` every second, until
