@@ -91,11 +91,25 @@ impl Store {
         let deb = dir.join(package.deb_file_name());
         if !deb.exists() {
             apt::ensure_updated(&self.cache_dir)?;
-            if apt::download(package, &dir).is_err() {
+            // apt-get writes the .deb under its final name as it arrives, so
+            // it downloads into a staging directory and the file moves into
+            // place only once complete: an interrupted download (a killed
+            // `cargo xtask test`, whose prefetch runs beside the other tiers)
+            // leaves nothing that looks fetched and fails its checksum forever.
+            let staging = dir.join(format!("partial-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&staging);
+            std::fs::create_dir_all(&staging).map_err(io_err(&staging))?;
+            let fetched = apt::download(package, &staging).or_else(|_| {
                 // The package lists may predate the lock: refresh them once and retry.
                 apt::update(&self.cache_dir)?;
-                apt::download(package, &dir)?;
-            }
+                apt::download(package, &staging)
+            });
+            let moved = fetched.map_err(StoreError::from).and_then(|()| {
+                let got = staging.join(package.deb_file_name());
+                std::fs::rename(&got, &deb).map_err(io_err(&got))
+            });
+            let _ = std::fs::remove_dir_all(&staging);
+            moved?;
         }
         let actual = sha256_file(&deb)?;
         if actual != package.sha256 {
