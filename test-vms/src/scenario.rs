@@ -838,21 +838,10 @@ fn start_monitor(s: &Session, host: usize) -> anyhow::Result<()> {
     spawn_script(s, host, GUEST, APP_DIR, "monitor", &monitor, false)
 }
 
-/// Waits inside the guest, one shell loop checking `condition` every second, until
+/// Waits inside the domU, one shell loop checking `condition` every second, until
 /// it holds or `limit` passes; then runs `then` and returns its output. Waiting from
-/// outside would cost every check a command through the guest's console, which
-/// takes dom0 (sharing the emulated host's one CPU with the guest) most of a second.
-fn wait_in_guest(
-    s: &Session,
-    host: usize,
-    condition: &str,
-    limit: Duration,
-    then: &str,
-) -> anyhow::Result<String> {
-    wait_in(s, host, GUEST, condition, limit, then)
-}
-
-/// [`wait_in_guest`] in any domU.
+/// outside would cost every check a command through the domU's console, which
+/// takes dom0 (sharing the emulated host's one CPU with the domU) most of a second.
 fn wait_in(
     s: &Session,
     host: usize,
@@ -872,7 +861,7 @@ fn wait_in(
     )?;
     ensure!(
         out.success(),
-        "waiting in the guest for `{condition}`: status {}: {}{}",
+        "waiting in {domain} for `{condition}`: status {}: {}{}",
         out.status,
         out.stdout_text(),
         out.stderr_text()
@@ -896,9 +885,10 @@ pub fn app_status(s: &Session, host: usize, pid: u32) -> anyhow::Result<Option<A
 /// Waits until the program under crane holds halfway (its kernels built, its first
 /// half done), and checks that crane, not the ICD loader, is its `libOpenCL.so.1`.
 pub fn wait_holding(s: &Session, host: usize, pid: u32) -> anyhow::Result<AppStatus> {
-    let out = wait_in_guest(
+    let out = wait_in(
         s,
         host,
+        GUEST,
         &format!("grep -q 'holding at iteration' {APP_DIR}/err || ! [ -d /proc/{pid} ]"),
         Duration::from_secs(600),
         &format!(
@@ -1762,9 +1752,10 @@ pub fn wait_finished(
     app: &App,
     started: Instant,
 ) -> anyhow::Result<AppRun> {
-    let status = wait_in_guest(
+    let status = wait_in(
         s,
         host,
+        GUEST,
         &format!("[ -s {APP_DIR}/status ]"),
         Duration::from_secs(600),
         &format!("cat {APP_DIR}/status 2>/dev/null || true"),
