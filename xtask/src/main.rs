@@ -89,8 +89,8 @@ fn ensure_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc_geteuid() } != 0 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
         bail!("missing Debian packages {missing:?}; install them with apt-get (needs root)");
     }
     run(Command::new("apt-get").args(["update", "-qq"]))?;
@@ -100,16 +100,12 @@ fn ensure_packages() -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
-unsafe extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
-}
-
 fn test() -> Result<()> {
     let t = Instant::now();
     ensure_packages()?;
     // The end-to-end tier's tools and pinned packages are installed, downloaded
-    // and unpacked (mostly waiting on the network) while the other tiers run.
+    // and unpacked (mostly waiting on the network), and its binaries and images
+    // built on the CPU time the other tiers leave, while they run.
     let prefetch = std::thread::spawn(prefetch_testbed);
     run(cargo().args(["fmt", "--all", "--check"]))?;
     // CRANE_E2E=1 would turn the end-to-end tests on inside the fast tiers.
@@ -141,11 +137,18 @@ fn test() -> Result<()> {
         "xtask: unit and integration tiers passed in {:.0} s; now the end-to-end tier",
         t.elapsed().as_secs_f64()
     );
+    let waiting = Instant::now();
     match prefetch.join() {
         Ok(Ok(())) => {}
         // The tier builds its images itself and reports what fails there.
-        Ok(Err(e)) => eprintln!("xtask: fetching the testbed's packages ahead failed: {e:#}"),
-        Err(_) => eprintln!("xtask: fetching the testbed's packages ahead panicked"),
+        Ok(Err(e)) => eprintln!("xtask: getting the testbed ready ahead failed: {e:#}"),
+        Err(_) => eprintln!("xtask: getting the testbed ready ahead panicked"),
+    }
+    if waiting.elapsed() > Duration::from_secs(1) {
+        eprintln!(
+            "xtask: waited {:.0} s for the testbed's images",
+            waiting.elapsed().as_secs_f64()
+        );
     }
     match tier::prepare() {
         Readiness::Ready => tier::run()?,
@@ -172,20 +175,48 @@ fn test() -> Result<()> {
     Ok(())
 }
 
-/// Installs the end-to-end tier's host tools if they are missing and fetches
-/// and unpacks its pinned Debian packages into the image cache, unless the
-/// tier is to be skipped.
+/// Gets the end-to-end tier ready while the other tiers run: installs its host
+/// tools if they are missing, fetches and unpacks its pinned Debian packages
+/// (mostly waiting on the network), then builds crane's release binaries and the
+/// images at idle priority, so that the tier itself only boots and tests. Does
+/// nothing if the tier is to be skipped.
 fn prefetch_testbed() -> Result<()> {
     if let Readiness::Skip(_) = tier::prepare() {
         return Ok(());
     }
     let started = Instant::now();
-    crane_images::Builder::new(crane_images::Paths::in_workspace(&root()))
-        .context("fetching the testbed's pinned packages")?;
+    let paths = crane_images::Paths::in_workspace(&root());
+    crane_images::Builder::new(paths.clone()).context("fetching the testbed's pinned packages")?;
     eprintln!(
         "xtask: the testbed's pinned packages are fetched and unpacked ({:.0} s, beside the other tiers)",
         started.elapsed().as_secs_f64()
     );
+    let started = Instant::now();
+    idle_priority_for_this_thread()?;
+    crane_test_vms::build_images(&paths).context("building the testbed's images ahead")?;
+    eprintln!(
+        "xtask: crane's release binaries and the testbed's images are built ({:.0} s at idle priority, beside the other tiers)",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Puts the calling thread, and every process it starts from now on (cargo,
+/// rustc, mksquashfs inherit it), under `SCHED_IDLE`: it runs only on CPU time
+/// that nothing else wants, so the tiers in the foreground are not slowed, yet
+/// their idle moments (a test waiting on a socket, a linker on the disk) are
+/// used.
+fn idle_priority_for_this_thread() -> Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 names the calling thread; `param` is a valid sched_param that
+    // outlives the call, and SCHED_IDLE requires priority 0.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc != 0 {
+        bail!(
+            "sched_setscheduler(SCHED_IDLE): {}",
+            std::io::Error::last_os_error()
+        );
+    }
     Ok(())
 }
 
