@@ -50,6 +50,11 @@ pub struct Config {
     pub no_free_gpu: NoFreeGpu,
     /// How long a guest's agent may take to publish its state.
     pub agent_timeout_ms: u64,
+    /// How long a guest's agent may take to pick up a request (a running
+    /// agent takes it within milliseconds and says `working`). Past it the
+    /// agent counts as dead or stuck: the request is withdrawn, superseded
+    /// by prepare-resume, instead of waiting out the whole deadline.
+    pub agent_ack_ms: u64,
     /// The deadline given to the agent for prepare-migrate.
     pub migrate_deadline_ms: u64,
     /// The deadline given to the agent for prepare-resume.
@@ -112,6 +117,7 @@ impl Default for Config {
             guests: Vec::new(),
             no_free_gpu: NoFreeGpu::Wait,
             agent_timeout_ms: 30_000,
+            agent_ack_ms: 10_000,
             migrate_deadline_ms: 30_000,
             resume_deadline_ms: 60_000,
             answer_grace_ms: 5_000,
@@ -215,6 +221,7 @@ impl Config {
         }
         for (name, v) in [
             ("agent_timeout_ms", self.agent_timeout_ms),
+            ("agent_ack_ms", self.agent_ack_ms),
             ("migrate_deadline_ms", self.migrate_deadline_ms),
             ("resume_deadline_ms", self.resume_deadline_ms),
             ("tick_ms", self.tick_ms),

@@ -57,6 +57,15 @@ pub enum MigrateError {
          (is crane-agent running in the guest?)"
     )]
     NoAgent { guest: String, ms: u64 },
+    #[error(
+        "the guest agent of {guest} did not take {op} within {ms} ms \
+         (crane-agent is not running, stopped or stuck in the guest)"
+    )]
+    NotTaken {
+        guest: String,
+        op: &'static str,
+        ms: u64,
+    },
     #[error("the guest agent of {guest} did not answer {op} within {ms} ms")]
     AgentTimeout {
         guest: String,
@@ -213,6 +222,16 @@ pub(crate) fn rollback_text(r: Result<Attached, MigrateError>) -> String {
         Ok(Attached::Waiting) => {
             "rolled back, but no GPU is free: the guest waits for one".to_string()
         }
+        // The GPUs are attached again before prepare-resume is posted.
+        Err(MigrateError::NotTaken {
+            op: "prepare-resume",
+            ms,
+            ..
+        }) => format!(
+            "rolled back as far as dom0 can: the guest has its GPU; prepare-resume \
+             waits for its agent, which did not take it within {ms} ms either, and \
+             will bring back whatever the agent had moved off the GPU once it runs"
+        ),
         Err(e) => format!("the rollback failed too: {e}"),
     }
 }
@@ -366,6 +385,17 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
         let req = chan.post(op, Some(deadline_ms))?;
         entry.seq = req.seq;
         journal::save(self.store, guest, entry)?;
+        match chan.wait_taken(req.seq, ms(self.cfg.agent_ack_ms)) {
+            Ok(()) => {}
+            Err(Dom0Error::NotTaken { .. }) => {
+                return Err(MigrateError::NotTaken {
+                    guest: guest.to_string(),
+                    op: name,
+                    ms: self.cfg.agent_ack_ms,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
         match chan.wait_answer(req.seq, ms(deadline_ms + self.cfg.answer_grace_ms)) {
             Ok(r) => {
                 // The guest wrote these; a malformed set only costs the figures.
@@ -531,10 +561,39 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
     /// Rolls back after `cause` and folds both into one error.
     fn fail(&mut self, guest: &str, entry: &mut Entry, cause: MigrateError) -> MigrateError {
         log::warn!("{guest}: {cause}; rolling back");
-        let rollback = rollback_text(self.roll_back_entry(guest, entry));
+        let rollback = if matches!(cause, MigrateError::NotTaken { .. }) {
+            self.withdraw(guest, entry)
+        } else {
+            rollback_text(self.roll_back_entry(guest, entry))
+        };
         MigrateError::RolledBack {
             cause: Box::new(cause),
             rollback,
+        }
+    }
+
+    /// After the agent did not take prepare-migrate (nothing was detached,
+    /// nothing moved in the guest): puts prepare-resume in its place, so that
+    /// the agent, once it runs again, keeps its programs on the GPU instead
+    /// of moving them off it for a migration that was given up. Waits for
+    /// nothing: the agent is known not to answer.
+    fn withdraw(&mut self, guest: &str, entry: &mut Entry) -> String {
+        let posted = self
+            .channel(entry.domid)
+            .post(Op::PrepareResume, Some(self.cfg.resume_deadline_ms));
+        if let Err(e) = journal::remove(self.store, guest) {
+            log::warn!("{guest}: cannot remove the journal entry: {e}");
+        }
+        match posted {
+            Ok(req) => format!(
+                "nothing was changed: the guest kept its GPU, and prepare-resume \
+                 (request {}) replaces the request its agent never took",
+                req.seq
+            ),
+            Err(e) => format!(
+                "the guest kept its GPU, but the request could not be withdrawn ({e}): \
+                 its agent may still act on it once it runs; post prepare-resume"
+            ),
         }
     }
 
@@ -639,11 +698,16 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
         Ok(Some(gpu))
     }
 
-    /// prepare-resume unless the agent is already in passthrough.
+    /// prepare-resume unless the agent is already in passthrough with no
+    /// request pending. A request the agent has not finished (or not even
+    /// taken: a stopped agent) is superseded by prepare-resume, so that an
+    /// agent that wakes up later finds that instead of a move nobody runs.
     fn resume(&mut self, guest: &str, domid: u32, entry: &mut Entry) -> Result<(), MigrateError> {
         self.wait_agent(guest, domid)?;
-        if let Some(s) = self.channel(domid).agent_state()?
+        let chan = self.channel(domid);
+        if let Some(s) = chan.agent_state()?
             && s.state == GuestState::Passthrough
+            && !chan.outstanding()?
         {
             return Ok(());
         }
@@ -823,6 +887,7 @@ mod tests {
     use crane_libxl::DomainState;
     use crane_xs::mem::{MemConn, MemStore};
     use crane_xs::message::DetachKind;
+    use std::time::Instant;
 
     const SECRET: &[u8] = b"0123456789abcdef-shared";
     const GPU_A: &str = "0000:00:05.0";
@@ -1011,6 +1076,74 @@ mod tests {
         assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)], "the GPU never left");
         assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
         assert!(w.journal("g1").is_none());
+    }
+
+    #[test]
+    fn an_agent_that_does_not_take_the_request_is_given_up_on_quickly() {
+        let mut cfg = config();
+        cfg.agent_ack_ms = 200;
+        cfg.migrate_deadline_ms = 60_000;
+        cfg.resume_deadline_ms = 60_000;
+        let mut w = World::new(cfg);
+        let agent = w.guest_with(
+            "g1",
+            3,
+            &[GPU_A],
+            GuestState::Passthrough,
+            OnMigrate::Detach,
+        );
+        // It published its state, then stopped (SIGSTOP, say).
+        let dom0 = w.store.connect(0);
+        let ch = GuestChannel::new(&dom0, 3);
+        ch.setup().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ch.agent_state().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the fake agent did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        agent.pause(true);
+        let started = Instant::now();
+        let e = w
+            .run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap_err()
+            .to_string();
+        // One acknowledgement wait, not the minute-long deadline.
+        assert!(started.elapsed() < Duration::from_secs(5), "{e}");
+        assert!(
+            e.contains("the guest agent of g1 did not take prepare-migrate within 200 ms"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "nothing was changed: the guest kept its GPU, and prepare-resume (request 2) \
+                 replaces the request its agent never took"
+            ),
+            "{e}"
+        );
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)], "the GPU never left");
+        assert!(w.journal("g1").is_none());
+        assert!(agent.ops().is_empty());
+        // The pending request is prepare-resume now: woken up, the agent
+        // never runs the move nobody waits for any more.
+        assert!(ch.outstanding().unwrap());
+        agent.pause(false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ch.outstanding().unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not answer after waking"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+        // With the agent running again the next migration goes through.
+        w.run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap();
+        assert_eq!(agent.ops(), ["prepare-resume", "prepare-migrate"]);
     }
 
     #[test]

@@ -227,6 +227,7 @@ pub const FAKE_PID: u32 = 4242;
 /// A guest agent playing domain `domid` in a `MemStore`.
 pub struct FakeAgent {
     stop: Arc<AtomicBool>,
+    paused: Arc<AtomicBool>,
     seen: Arc<Mutex<Vec<Request>>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -234,9 +235,10 @@ pub struct FakeAgent {
 impl FakeAgent {
     pub fn start(store: &MemStore, domid: u16, initial: GuestState, on_migrate: OnMigrate) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let conn = store.connect(domid);
-        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let (stop2, paused2, seen2) = (stop.clone(), paused.clone(), seen.clone());
         let thread = std::thread::spawn(move || {
             conn.watch("crane", "agent").unwrap();
             let mut state = AgentState {
@@ -245,6 +247,9 @@ impl FakeAgent {
             };
             while !stop2.load(Ordering::SeqCst) {
                 let _ = conn.wait_event(Duration::from_millis(20));
+                if paused2.load(Ordering::SeqCst) {
+                    continue;
+                }
                 // The real agent republishes its state whenever its watch
                 // fires, e.g. when dom0 sets up the keys on arrival.
                 if conn.read("crane/agent").ok().flatten().is_some()
@@ -313,9 +318,16 @@ impl FakeAgent {
         });
         FakeAgent {
             stop,
+            paused,
             seen,
             thread: Some(thread),
         }
+    }
+
+    /// Stops it reading anything (`on`), like a SIGSTOPped agent, or lets it
+    /// go on.
+    pub fn pause(&self, on: bool) {
+        self.paused.store(on, Ordering::SeqCst);
     }
 
     /// The requests it acted upon, in order.

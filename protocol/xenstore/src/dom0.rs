@@ -29,6 +29,8 @@ pub enum Dom0Error {
     TooManyApps { domid: u16 },
     #[error("no final answer to request {seq} within {ms} ms")]
     Timeout { seq: u64, ms: u128 },
+    #[error("the agent did not take request {seq} within {ms} ms")]
+    NotTaken { seq: u64, ms: u128 },
 }
 
 /// dom0's handle on one guest's crane keys.
@@ -201,6 +203,39 @@ impl<'a, S: XenStore> GuestChannel<'a, S> {
         };
         let _ = self.store.unwatch(path, &token);
         result
+    }
+
+    /// Waits until the agent has taken request `seq`: its state names it (or
+    /// a later one) as handled, or a response (`working` or final) carries it.
+    /// An agent takes a request at once when it is running; one that does not
+    /// is dead, stopped or stuck.
+    pub fn wait_taken(&self, seq: u64, timeout: Duration) -> Result<(), Dom0Error> {
+        let key = self.path(AGENT);
+        self.wait_for(&key, timeout, || {
+            let handled = self.agent_state()?.is_some_and(|s| s.last_seq >= seq);
+            let answered = self.response()?.is_some_and(|r| r.seq >= seq);
+            Ok((handled || answered).then_some(()))
+        })?
+        .ok_or(Dom0Error::NotTaken {
+            seq,
+            ms: timeout.as_millis(),
+        })
+    }
+
+    /// Whether the latest request still waits for its final answer (posted,
+    /// and not taken or not finished). A response the guest garbled counts as
+    /// no answer.
+    pub fn outstanding(&self) -> Result<bool, Dom0Error> {
+        let Some(posted) = self.store.read(&self.path(REQUEST))?.map(|r| seq_hint(&r)) else {
+            return Ok(false);
+        };
+        let answered = self
+            .response()
+            .ok()
+            .flatten()
+            .filter(|r| r.outcome.is_final())
+            .map_or(0, |r| r.seq);
+        Ok(posted > answered)
     }
 
     /// Waits for the final answer to request `seq`.
