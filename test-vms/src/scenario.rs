@@ -77,6 +77,10 @@ const TOKEN_SECRET: &str = "e2e-secret-0123456789abcdef0123456789abcdef\n";
 /// guest; the proxy compiles it again when the program first goes remote), where a
 /// GPU driver takes a tenth of a second; the defaults (30 s, 60 s) are for GPUs.
 const MOVE_DEADLINE_MS: u64 = 300_000;
+/// How long craned lets the guest agent take to pick up a request (`agent_ack_ms`).
+/// A running agent takes one within a second here too; the default (10 s) has room
+/// for a guest whose only emulated CPU is busy.
+const AGENT_ACK_MS: u64 = 15_000;
 /// Failed health checks (one per 1 s tick) before craned recreates the proxy domain:
 /// the scenario pauses the proxy domain for a few seconds to show a refused
 /// migration, and recreating it (a boot and PoCL's compiler under emulation) is not
@@ -429,6 +433,7 @@ fn craned_config_with(host: usize, no_free_gpu: &str) -> String {
     };
     format!(
         "guests = [\"{GUEST}\"]\nno_free_gpu = \"{no_free_gpu}\"\ntick_ms = 1000\nagent_timeout_ms = 120000\n\
+         agent_ack_ms = {AGENT_ACK_MS}\n\
          migrate_deadline_ms = {MOVE_DEADLINE_MS}\nresume_deadline_ms = {MOVE_DEADLINE_MS}\n\
          [gpus]\npool = [\"{GUEST_STANDIN_BDF}\"]\n\
          [proxy]\naddress = \"tcp://{PROXY_IP}:{PROXY_PORT}\"\n\
@@ -1608,6 +1613,78 @@ pub fn proxy_down_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
     Ok(log)
 }
 
+/// crane-agent stopped in the guest (SIGSTOP): `xl migrate` through the wrapper is
+/// refused once the agent has not taken prepare-migrate within craned's
+/// `agent_ack_ms`, instead of after the whole deadline; nothing moved, and the
+/// request is superseded by prepare-resume, which the agent, continued, answers
+/// `resumed` without ever running the withdrawn move. Returns the wrapper's log.
+pub fn agent_stopped_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
+    let domid = guest_domid(s, 0)?.context("the guest is not running")?;
+    s.domu(0, GUEST, "kill -STOP $(pidof crane-agent)")?;
+    let started = Instant::now();
+    let out = s.try_dom0_timeout(
+        0,
+        &format!("{WRAPPER} migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"),
+        Duration::from_millis(2 * AGENT_ACK_MS + 60_000),
+    );
+    let refused_after = started.elapsed();
+    let continued = s.domu(0, GUEST, "kill -CONT $(pidof crane-agent)");
+    let out = out?;
+    continued?;
+    let log = out.stderr_text();
+    ensure!(
+        !out.success(),
+        "xl migrate went ahead with the guest agent stopped:\n{log}"
+    );
+    ensure!(
+        log.contains("did not take prepare-migrate") && log.contains("nothing was changed"),
+        "the wrapper did not say that the agent did not take the request:\n{log}"
+    );
+    ensure!(
+        guest_domid(s, 0)? == Some(domid),
+        "the guest moved although the migration was refused"
+    );
+    ensure!(
+        s.dom0(0, &format!("xl pci-list {GUEST}"))?
+            .contains(GUEST_STANDIN_BDF),
+        "the guest lost its GPU although the migration was refused"
+    );
+    // The request now is prepare-resume; the continued agent answers it.
+    let keys = format!("/local/domain/{domid}/crane");
+    let request = s.dom0(0, &format!("xenstore-read {keys}/request"))?;
+    ensure!(
+        request.contains("op=prepare-resume"),
+        "the withdrawn request was not superseded: {request}"
+    );
+    let seq = request
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("seq="))
+        .context("the request has no seq")?
+        .to_owned();
+    let answer = wait_dom0(
+        s,
+        0,
+        &format!("xenstore-read {keys}/agent/response"),
+        Duration::from_secs(120),
+        |o| {
+            o.split_whitespace().any(|f| f == format!("seq={seq}")) && o.contains("outcome=resumed")
+        },
+    )
+    .context("the continued agent did not answer the prepare-resume in its place")?;
+    wait_agent(s, 0, "passthrough")?;
+    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
+    ensure!(
+        status.mode == Mode::Passthrough,
+        "pid {pid} is {:?} after a refused migration",
+        status.mode
+    );
+    Ok(format!(
+        "{log}crane: refused after {:.1} s; the continued agent answered {}\n",
+        refused_after.as_secs_f64(),
+        answer.trim()
+    ))
+}
+
 /// Moves the guest (see [`Move`]) while the program holds, and checks what crane
 /// did: each step was reported, the guest kept running (live) or came back (restore)
 /// in a new domain, it has its GPU again with the driver bound, the agent is back in
@@ -1910,6 +1987,9 @@ fn run_inner(s: &mut Session, app: &App) -> anyhow::Result<Report> {
         let refused = proxy_down_refuses(s, pid).context("migrating with the proxy down")?;
         eprint!("{refused}");
         s.phase("proxy domain paused: xl migrate refused before anything changed");
+        let stopped = agent_stopped_refuses(s, pid).context("migrating with the agent stopped")?;
+        eprint!("{stopped}");
+        s.phase("crane-agent stopped: xl migrate refused once it did not take the request, which prepare-resume superseded");
         Some((by_hand, refused))
     } else {
         wait_running(s, 0, pid)?;
