@@ -473,28 +473,6 @@ pub fn start_craned(s: &Session) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Polls a dom0 command until it succeeds with output `ok` accepts; its output.
-pub fn wait_dom0(
-    s: &Session,
-    host: usize,
-    script: &str,
-    limit: Duration,
-    ok: impl Fn(&str) -> bool,
-) -> anyhow::Result<String> {
-    let start = Instant::now();
-    let mut last = String::new();
-    while start.elapsed() < limit {
-        if let Ok(out) = s.try_dom0(host, script) {
-            if out.success() && ok(&out.stdout_text()) {
-                return Ok(out.stdout_text());
-            }
-            last = out.stdout_text() + &out.stderr_text();
-        }
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    bail!("`{script}` on host {host} did not reach the expected state in {limit:?}; last: {last}")
-}
-
 pub fn create_domain(s: &Session, host: usize, config: &DomuConfig) -> anyhow::Result<()> {
     let name = &config.name;
     s.dom0(
@@ -519,7 +497,7 @@ pub fn wait_booted(s: &Session, host: usize, name: &str) -> anyhow::Result<()> {
 /// Waits until craned has created the proxy domain and given it its GPU, crane-proxy
 /// runs there with the guest's token in its token file (mode 0600), and PoCL works.
 pub fn check_proxy(s: &Session) -> anyhow::Result<ProxyCheck> {
-    wait_dom0(s, 0, "xl list", Duration::from_secs(60), |o| {
+    s.wait_dom0(0, "xl list", Duration::from_secs(60), |o| {
         find_domain(&parse_xl_list(o), PROXY).is_some()
     })
     .context("craned did not create the proxy domain")?;
@@ -591,8 +569,7 @@ pub fn proxy_recreated(s: &Session) -> anyhow::Result<String> {
     );
     s.dom0(0, &format!("xl destroy {PROXY}"))?;
     let started = Instant::now();
-    wait_dom0(
-        s,
+    s.wait_dom0(
         0,
         "/usr/sbin/crane status --json",
         Duration::from_secs(240),
@@ -617,8 +594,7 @@ pub fn proxy_recreated(s: &Session) -> anyhow::Result<String> {
 /// Waits until the guest's agent has published its state in XenStore (craned set up
 /// its keys) and the state is `want`.
 pub fn wait_agent(s: &Session, host: usize, want: &str) -> anyhow::Result<String> {
-    wait_dom0(
-        s,
+    s.wait_dom0(
         host,
         &format!("xenstore-read /local/domain/$(xl domid {GUEST})/crane/agent/state"),
         Duration::from_secs(300),
@@ -1053,8 +1029,7 @@ fn spawn_craned(s: &Session, host: usize) -> anyhow::Result<()> {
         host,
         "RUST_LOG=info setsid /usr/sbin/craned >> /var/log/craned.log 2>&1 < /dev/null &",
     )?;
-    wait_dom0(
-        s,
+    s.wait_dom0(
         host,
         "/usr/sbin/crane status --json",
         Duration::from_secs(60),
@@ -1286,8 +1261,7 @@ fn xenstore_move(
         guest_domid(s, from)?.is_none(),
         "the guest still runs on host {from}"
     );
-    let received = wait_dom0(
-        s,
+    let received = s.wait_dom0(
         to,
         "cat /var/log/xen/migrate-receive.log",
         Duration::from_secs(300),
@@ -1325,8 +1299,7 @@ fn xenstore_move(
     );
     // The GPU frees: the restarted craned gives it to the guest.
     s.dom0(to, &format!("xl destroy {HOLDER} 2>/dev/null; true"))?;
-    let note = wait_dom0(
-        s,
+    let note = s.wait_dom0(
         to,
         "/usr/sbin/crane status",
         Duration::from_secs(300),
@@ -1389,8 +1362,7 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
             0,
             &format!("xenstore-write {base}/request {}", shell_quote(value)),
         )?;
-        wait_dom0(
-            s,
+        s.wait_dom0(
             0,
             &format!("xenstore-read {base}/agent/response"),
             Duration::from_millis(2 * MOVE_DEADLINE_MS),
@@ -1661,16 +1633,17 @@ pub fn agent_stopped_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
         .find_map(|f| f.strip_prefix("seq="))
         .context("the request has no seq")?
         .to_owned();
-    let answer = wait_dom0(
-        s,
-        0,
-        &format!("xenstore-read {keys}/agent/response"),
-        Duration::from_secs(120),
-        |o| {
-            o.split_whitespace().any(|f| f == format!("seq={seq}")) && o.contains("outcome=resumed")
-        },
-    )
-    .context("the continued agent did not answer the prepare-resume in its place")?;
+    let answer = s
+        .wait_dom0(
+            0,
+            &format!("xenstore-read {keys}/agent/response"),
+            Duration::from_secs(120),
+            |o| {
+                o.split_whitespace().any(|f| f == format!("seq={seq}"))
+                    && o.contains("outcome=resumed")
+            },
+        )
+        .context("the continued agent did not answer the prepare-resume in its place")?;
     wait_agent(s, 0, "passthrough")?;
     let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
     ensure!(
@@ -1718,8 +1691,7 @@ pub fn move_guest(
                 "the guest still runs on host {from} after migrating to host {to}"
             );
             // The receiving wrapper gives the guest its GPU after xl is done.
-            let received = wait_dom0(
-                s,
+            let received = s.wait_dom0(
                 to,
                 "cat /var/log/xen/migrate-receive.log",
                 Duration::from_secs(300),

@@ -127,6 +127,31 @@ impl Session {
         Ok(self.host(host)?.run_in_domain(domain, script, timeout)?)
     }
 
+    /// Polls a dom0 command until it succeeds with output `accept` accepts; its
+    /// output.
+    pub fn wait_dom0(
+        &self,
+        host: usize,
+        script: &str,
+        limit: Duration,
+        accept: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < limit {
+            if let Ok(out) = self.try_dom0(host, script) {
+                if out.success() && accept(&out.stdout_text()) {
+                    return Ok(out.stdout_text());
+                }
+                last = out.stdout_text() + &out.stderr_text();
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        bail!(
+            "`{script}` on host {host} did not reach the expected state in {limit:?}; last: {last}"
+        )
+    }
+
     /// Polls a domU until `check` accepts the stdout of `script` (guests under software
     /// emulation take seconds to boot, to probe a device, to finish a program).
     pub fn wait_domu(
