@@ -144,7 +144,10 @@ impl<'a, S: XenStore> GuestChannel<'a, S> {
     }
 
     /// The sequence number the next request must carry: after everything
-    /// either side has seen.
+    /// either side has seen (the agent's numbers count too: XenStore contents
+    /// do not migrate, so on a guest's new host only the agent remembers where
+    /// the sequence got to). A guest that claims the largest number there is
+    /// gets an error, not an overflow.
     pub fn next_seq(&self) -> Result<u64, Dom0Error> {
         let posted = self
             .store
@@ -152,7 +155,15 @@ impl<'a, S: XenStore> GuestChannel<'a, S> {
             .map_or(0, |r| seq_hint(&r));
         let handled = self.agent_state()?.map_or(0, |s| s.last_seq);
         let answered = self.response().ok().flatten().map_or(0, |r| r.seq);
-        Ok(posted.max(handled).max(answered) + 1)
+        let last = posted.max(handled).max(answered);
+        last.checked_add(1).ok_or_else(|| Dom0Error::Invalid {
+            key: self.path(AGENT),
+            source: crate::value::bad_value(
+                "seq",
+                &last.to_string(),
+                "no sequence number is left after it",
+            ),
+        })
     }
 
     /// Posts a request with the next sequence number; the key is owned by
@@ -250,5 +261,88 @@ impl<'a, S: XenStore> GuestChannel<'a, S> {
             seq,
             ms: timeout.as_millis(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::guest::{publish_answer, publish_state};
+    use crate::mem::MemStore;
+    use crate::message::{GuestState, Outcome};
+    use crate::store::XsData;
+
+    const GUEST: u16 = 7;
+
+    fn answer(seq: u64, outcome: Outcome) -> Response {
+        Response {
+            seq,
+            outcome,
+            ms: 1.0,
+            apps: 0,
+            phases: Vec::new(),
+            rollback: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_guest_claiming_the_last_sequence_number_gets_an_error_not_an_overflow() {
+        let store = MemStore::new();
+        store.introduce(GUEST);
+        let dom0 = store.connect(0);
+        let guest = store.connect(GUEST);
+        let ch = GuestChannel::new(&dom0, GUEST);
+        ch.setup().unwrap();
+        let state = AgentState {
+            state: GuestState::Passthrough,
+            last_seq: u64::MAX,
+        };
+        publish_state(&guest, &state).unwrap();
+        let e = ch.post(Op::PrepareResume, None).unwrap_err().to_string();
+        assert!(e.contains("no sequence number is left"), "{e}");
+        assert!(!ch.outstanding().unwrap(), "nothing was posted");
+    }
+
+    #[test]
+    fn a_request_counts_as_taken_once_the_agent_names_it_and_outstanding_until_final() {
+        let store = MemStore::new();
+        store.introduce(GUEST);
+        let dom0 = store.connect(0);
+        let guest = store.connect(GUEST);
+        let ch = GuestChannel::new(&dom0, GUEST);
+        ch.setup().unwrap();
+        let mut state = AgentState {
+            state: GuestState::Passthrough,
+            last_seq: 4,
+        };
+        publish_state(&guest, &state).unwrap();
+        assert!(!ch.outstanding().unwrap(), "nothing posted yet");
+        let req = ch.post(Op::PrepareResume, None).unwrap();
+        assert_eq!(req.seq, 5, "after the agent's own last number");
+        assert!(ch.outstanding().unwrap());
+        let short = Duration::from_millis(50);
+        assert!(matches!(
+            ch.wait_taken(5, short),
+            Err(Dom0Error::NotTaken { seq: 5, .. })
+        ));
+        // A working answer takes it; only a final one ends it.
+        state.state = GuestState::Resuming;
+        state.last_seq = 5;
+        publish_state(&guest, &state).unwrap();
+        ch.wait_taken(5, short).unwrap();
+        assert!(ch.outstanding().unwrap());
+        state.state = GuestState::Passthrough;
+        publish_answer(&guest, &state, &answer(5, Outcome::Resumed), &[]).unwrap();
+        assert!(!ch.outstanding().unwrap());
+        assert_eq!(ch.wait_answer(5, short).unwrap().outcome, Outcome::Resumed);
+        // A garbled response is no answer: the next request stays outstanding.
+        ch.post(Op::PrepareResume, None).unwrap();
+        guest
+            .write(&absolute(GUEST, AGENT_RESPONSE), "seq=6 outcome=explode")
+            .unwrap();
+        assert!(ch.outstanding().unwrap());
     }
 }
