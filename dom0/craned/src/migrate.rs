@@ -229,7 +229,7 @@ pub(crate) fn rollback_text(r: Result<Attached, MigrateError>) -> String {
             ..
         }) => format!(
             "rolled back as far as dom0 can: the guest has its GPU; prepare-resume \
-             waits for its agent, which did not take it within {ms} ms either, and \
+             waits for its agent, which did not take it within {ms} ms, and \
              will bring back whatever the agent had moved off the GPU once it runs"
         ),
         Err(e) => format!("the rollback failed too: {e}"),
@@ -1144,6 +1144,56 @@ mod tests {
         w.run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
             .unwrap();
         assert_eq!(agent.ops(), ["prepare-resume", "prepare-migrate"]);
+    }
+
+    #[test]
+    fn an_agent_stuck_in_prepare_migrate_gets_prepare_resume_for_later() {
+        let mut cfg = config();
+        cfg.migrate_deadline_ms = 300;
+        cfg.agent_ack_ms = 200;
+        let mut w = World::new(cfg);
+        let agent = w.guest_with(
+            "g1",
+            3,
+            &[GPU_A],
+            GuestState::Passthrough,
+            OnMigrate::Freeze,
+        );
+        let e = w
+            .run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("did not answer prepare-migrate within 500 ms"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "rolled back as far as dom0 can: the guest has its GPU; prepare-resume waits \
+                 for its agent, which did not take it within 200 ms"
+            ),
+            "{e}"
+        );
+        assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)], "the GPU never left");
+        assert!(w.journal("g1").is_none());
+        // Unstuck, the agent finds prepare-resume and comes back.
+        let dom0 = w.store.connect(0);
+        let ch = GuestChannel::new(&dom0, 3);
+        assert!(ch.outstanding().unwrap());
+        agent.pause(false);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ch.outstanding().unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not answer after waking"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
     }
 
     #[test]

@@ -217,6 +217,9 @@ pub enum OnMigrate {
     Detach,
     /// Publishes `migrating` and never answers (a hung process, say).
     Hang,
+    /// Publishes `migrating`, then reads nothing more until let go with
+    /// [`FakeAgent::pause`]`(false)` (an agent stuck inside the request).
+    Freeze,
     /// failed, rolled back completely.
     Fail,
 }
@@ -305,6 +308,11 @@ impl FakeAgent {
                     (Op::PrepareMigrate(_), OnMigrate::Hang) => {
                         state.state = GuestState::Migrating;
                         publish_state(&conn, &state).unwrap();
+                    }
+                    (Op::PrepareMigrate(_), OnMigrate::Freeze) => {
+                        state.state = GuestState::Migrating;
+                        publish_state(&conn, &state).unwrap();
+                        paused2.store(true, Ordering::SeqCst);
                     }
                     (Op::PrepareMigrate(_), OnMigrate::Fail) => {
                         answer(Outcome::Failed, &state, Some(Rollback::Complete));
