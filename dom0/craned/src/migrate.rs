@@ -1078,6 +1078,23 @@ mod tests {
         assert!(w.journal("g1").is_none());
     }
 
+    /// Waits until the agent, let go, has answered dom0's latest request, and
+    /// checks that it is back in passthrough.
+    fn wait_back_in_passthrough(ch: &GuestChannel<'_, MemConn>) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ch.outstanding().unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not answer after waking"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+    }
+
     #[test]
     fn an_agent_that_does_not_take_the_request_is_given_up_on_quickly() {
         let mut cfg = config();
@@ -1096,11 +1113,9 @@ mod tests {
         let dom0 = w.store.connect(0);
         let ch = GuestChannel::new(&dom0, 3);
         ch.setup().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while ch.agent_state().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "the fake agent did not start");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        ch.wait_agent(Duration::from_secs(5))
+            .unwrap()
+            .expect("the fake agent did not start");
         agent.pause(true);
         let started = Instant::now();
         let e = w
@@ -1127,19 +1142,8 @@ mod tests {
         // never runs the move nobody waits for any more.
         assert!(ch.outstanding().unwrap());
         agent.pause(false);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while ch.outstanding().unwrap() {
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not answer after waking"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_back_in_passthrough(&ch);
         assert_eq!(agent.ops(), ["prepare-resume"]);
-        assert_eq!(
-            ch.agent_state().unwrap().unwrap().state,
-            GuestState::Passthrough
-        );
         // With the agent running again the next migration goes through.
         w.run(|m| m.pre_migrate("g1", "host1", Mode::StopAndCopy, None))
             .unwrap();
@@ -1181,19 +1185,8 @@ mod tests {
         let ch = GuestChannel::new(&dom0, 3);
         assert!(ch.outstanding().unwrap());
         agent.pause(false);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while ch.outstanding().unwrap() {
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not answer after waking"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_back_in_passthrough(&ch);
         assert_eq!(agent.ops(), ["prepare-migrate", "prepare-resume"]);
-        assert_eq!(
-            ch.agent_state().unwrap().unwrap().state,
-            GuestState::Passthrough
-        );
     }
 
     #[test]

@@ -270,11 +270,20 @@ mod tests {
 
     use super::*;
     use crate::guest::{publish_answer, publish_state};
-    use crate::mem::MemStore;
+    use crate::mem::{MemConn, MemStore};
     use crate::message::{GuestState, Outcome};
     use crate::store::XsData;
 
     const GUEST: u16 = 7;
+
+    /// An in-process XenStore with the guest introduced: dom0's connection and
+    /// the guest's.
+    fn guest_keys() -> (MemStore, MemConn, MemConn) {
+        let store = MemStore::new();
+        store.introduce(GUEST);
+        let (dom0, guest) = (store.connect(0), store.connect(GUEST));
+        (store, dom0, guest)
+    }
 
     fn answer(seq: u64, outcome: Outcome) -> Response {
         Response {
@@ -290,10 +299,7 @@ mod tests {
 
     #[test]
     fn a_guest_claiming_the_last_sequence_number_gets_an_error_not_an_overflow() {
-        let store = MemStore::new();
-        store.introduce(GUEST);
-        let dom0 = store.connect(0);
-        let guest = store.connect(GUEST);
+        let (_store, dom0, guest) = guest_keys();
         let ch = GuestChannel::new(&dom0, GUEST);
         ch.setup().unwrap();
         let state = AgentState {
@@ -308,10 +314,7 @@ mod tests {
 
     #[test]
     fn a_request_counts_as_taken_once_the_agent_names_it_and_outstanding_until_final() {
-        let store = MemStore::new();
-        store.introduce(GUEST);
-        let dom0 = store.connect(0);
-        let guest = store.connect(GUEST);
+        let (_store, dom0, guest) = guest_keys();
         let ch = GuestChannel::new(&dom0, GUEST);
         ch.setup().unwrap();
         let mut state = AgentState {
