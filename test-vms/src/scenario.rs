@@ -29,7 +29,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use crane_control::{AppStatus, Mode};
+use crane_xs::layout::{AGENT_RESPONSE, REQUEST, absolute};
+use crane_xs::message::{Op, Outcome, Request, Response};
 
+use crate::CommandOutput;
 use crate::domus::{GUEST_TESTAPPS_DIR, PROXY_PORT, PROXY_TOKEN_FILE};
 use crate::host::{GUEST_STANDIN_BDF, PROXY_STANDIN_BDF, dom0_address, shell_quote};
 use crate::session::Session;
@@ -1543,29 +1546,19 @@ fn start_busy_app(s: &Session) -> anyhow::Result<u32> {
     Ok(pid)
 }
 
-/// With the proxy domain paused, `xl migrate` through the wrapper must be refused
-/// before anything changes: the guest keeps its domain and GPU, the program stays in
-/// passthrough. Returns the wrapper's output.
-pub fn proxy_down_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
-    let domid = guest_domid(s, 0)?.context("the guest is not running")?;
-    s.dom0(0, &format!("xl pause {PROXY}"))?;
-    let out = s.try_dom0_timeout(
+/// `xl migrate` of the guest through the wrapper to host 0 itself, for the steps
+/// where it must be refused; the command's output, whatever its status.
+fn try_migrate_here(s: &Session, limit: Duration) -> anyhow::Result<CommandOutput> {
+    s.try_dom0_timeout(
         0,
         &format!("{WRAPPER} migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"),
-        Duration::from_secs(120),
-    );
-    let unpaused = s.dom0(0, &format!("xl unpause {PROXY}"));
-    let out = out?;
-    unpaused?;
-    let log = out.stderr_text();
-    ensure!(
-        !out.success(),
-        "xl migrate went ahead with the proxy domain paused:\n{log}"
-    );
-    ensure!(
-        log.contains("crane-proxy does not answer"),
-        "the wrapper did not say that the proxy is down:\n{log}"
-    );
+        limit,
+    )
+}
+
+/// After a refused migration: the guest still runs on host 0 as domain `domid`
+/// with its GPU, its agent and the program `pid` are in passthrough.
+fn nothing_changed(s: &Session, domid: u32, pid: u32) -> anyhow::Result<()> {
     ensure!(
         guest_domid(s, 0)? == Some(domid),
         "the guest moved although the migration was refused"
@@ -1582,6 +1575,29 @@ pub fn proxy_down_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
         "pid {pid} is {:?} after a refused migration",
         status.mode
     );
+    Ok(())
+}
+
+/// With the proxy domain paused, `xl migrate` through the wrapper must be refused
+/// before anything changes: the guest keeps its domain and GPU, the program stays in
+/// passthrough. Returns the wrapper's output.
+pub fn proxy_down_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
+    let domid = guest_domid(s, 0)?.context("the guest is not running")?;
+    s.dom0(0, &format!("xl pause {PROXY}"))?;
+    let out = try_migrate_here(s, Duration::from_secs(120));
+    let unpaused = s.dom0(0, &format!("xl unpause {PROXY}"));
+    let out = out?;
+    unpaused?;
+    let log = out.stderr_text();
+    ensure!(
+        !out.success(),
+        "xl migrate went ahead with the proxy domain paused:\n{log}"
+    );
+    ensure!(
+        log.contains("crane-proxy does not answer"),
+        "the wrapper did not say that the proxy is down:\n{log}"
+    );
+    nothing_changed(s, domid, pid)?;
     Ok(log)
 }
 
@@ -1594,11 +1610,7 @@ pub fn agent_stopped_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
     let domid = guest_domid(s, 0)?.context("the guest is not running")?;
     s.domu(0, GUEST, "kill -STOP $(pidof crane-agent)")?;
     let started = Instant::now();
-    let out = s.try_dom0_timeout(
-        0,
-        &format!("{WRAPPER} migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"),
-        Duration::from_millis(2 * AGENT_ACK_MS + 60_000),
-    );
+    let out = try_migrate_here(s, Duration::from_millis(2 * AGENT_ACK_MS + 60_000));
     let refused_after = started.elapsed();
     let continued = s.domu(0, GUEST, "kill -CONT $(pidof crane-agent)");
     let out = out?;
@@ -1612,45 +1624,27 @@ pub fn agent_stopped_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
         log.contains("did not take prepare-migrate") && log.contains("nothing was changed"),
         "the wrapper did not say that the agent did not take the request:\n{log}"
     );
-    ensure!(
-        guest_domid(s, 0)? == Some(domid),
-        "the guest moved although the migration was refused"
-    );
-    ensure!(
-        s.dom0(0, &format!("xl pci-list {GUEST}"))?
-            .contains(GUEST_STANDIN_BDF),
-        "the guest lost its GPU although the migration was refused"
-    );
     // The request now is prepare-resume; the continued agent answers it.
-    let keys = format!("/local/domain/{domid}/crane");
-    let request = s.dom0(0, &format!("xenstore-read {keys}/request"))?;
+    let domid16 = u16::try_from(domid).context("the guest's domain id")?;
+    let raw = s.dom0(0, &format!("xenstore-read {}", absolute(domid16, REQUEST)))?;
+    let request = Request::parse(raw.trim())
+        .map_err(|e| anyhow::anyhow!("the guest's request {raw:?}: {e}"))?;
     ensure!(
-        request.contains("op=prepare-resume"),
-        "the withdrawn request was not superseded: {request}"
+        request.op == Op::PrepareResume,
+        "the withdrawn request was not superseded: {raw}"
     );
-    let seq = request
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("seq="))
-        .context("the request has no seq")?
-        .to_owned();
     let answer = s
         .wait_dom0(
             0,
-            &format!("xenstore-read {keys}/agent/response"),
+            &format!("xenstore-read {}", absolute(domid16, AGENT_RESPONSE)),
             Duration::from_secs(120),
             |o| {
-                o.split_whitespace().any(|f| f == format!("seq={seq}"))
-                    && o.contains("outcome=resumed")
+                Response::parse(o.trim())
+                    .is_ok_and(|r| r.seq == request.seq && r.outcome == Outcome::Resumed)
             },
         )
         .context("the continued agent did not answer the prepare-resume in its place")?;
-    wait_agent(s, 0, "passthrough")?;
-    let status = app_status(s, 0, pid)?.with_context(|| format!("pid {pid} is gone"))?;
-    ensure!(
-        status.mode == Mode::Passthrough,
-        "pid {pid} is {:?} after a refused migration",
-        status.mode
-    );
+    nothing_changed(s, domid, pid)?;
     Ok(format!(
         "{log}crane: refused after {:.1} s; the continued agent answered {}\n",
         refused_after.as_secs_f64(),
