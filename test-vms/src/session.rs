@@ -136,20 +136,8 @@ impl Session {
         limit: Duration,
         accept: impl Fn(&str) -> bool,
     ) -> anyhow::Result<String> {
-        let start = Instant::now();
-        let mut last = String::new();
-        while start.elapsed() < limit {
-            if let Ok(out) = self.try_dom0(host, script) {
-                if out.success() && accept(&out.stdout_text()) {
-                    return Ok(out.stdout_text());
-                }
-                last = out.stdout_text() + &out.stderr_text();
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        bail!(
-            "`{script}` on host {host} did not reach the expected state in {limit:?}; last: {last}"
-        )
+        poll(limit, accept, || self.try_dom0(host, script))
+            .with_context(|| format!("`{script}` on host {host}"))
     }
 
     /// Polls a domU until `check` accepts the stdout of `script` (guests under software
@@ -162,34 +150,16 @@ impl Session {
         limit: Duration,
         accept: impl Fn(&str) -> bool,
     ) -> anyhow::Result<String> {
-        let start = Instant::now();
-        let mut last = String::new();
-        while start.elapsed() < limit {
-            match self.host(host)?.poll_domain(
+        let h = self.host(host)?;
+        poll(limit, accept, || {
+            Ok(h.poll_domain(
                 domain,
                 script,
                 Duration::from_secs(20),
                 Duration::from_secs(4),
-            ) {
-                Ok(out) => {
-                    last = format!(
-                        "status {}: {}{}",
-                        out.status,
-                        out.stdout_text(),
-                        out.stderr_text()
-                    );
-                    if out.success() && accept(&out.stdout_text()) {
-                        return Ok(out.stdout_text());
-                    }
-                }
-                Err(e) => last = e.to_string(),
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        bail!(
-            "{domain} on host {host}: `{script}` did not reach the expected state in {limit:?}; \
-             last: {last}"
-        )
+            )?)
+        })
+        .with_context(|| format!("{domain} on host {host}: `{script}`"))
     }
 
     /// Where the timings of this session are written.
@@ -231,4 +201,33 @@ impl Drop for Session {
             let _ = std::fs::write(path, report);
         }
     }
+}
+
+/// Runs `attempt` every second until it succeeds with stdout that `accept`
+/// takes, for at most `limit`; that stdout, or an error with the last outcome.
+fn poll(
+    limit: Duration,
+    accept: impl Fn(&str) -> bool,
+    mut attempt: impl FnMut() -> anyhow::Result<CommandOutput>,
+) -> anyhow::Result<String> {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < limit {
+        match attempt() {
+            Ok(out) => {
+                if out.success() && accept(&out.stdout_text()) {
+                    return Ok(out.stdout_text());
+                }
+                last = format!(
+                    "status {}: {}{}",
+                    out.status,
+                    out.stdout_text(),
+                    out.stderr_text()
+                );
+            }
+            Err(e) => last = format!("{e:#}"),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    bail!("did not reach the expected state in {limit:?}; last: {last}")
 }
