@@ -20,7 +20,6 @@
 //! machine is Debian 12 like the images, and the image builder checks every symbol
 //! version they need against the locked libraries.
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -74,16 +73,7 @@ impl CraneArtifacts {
         let mut command = Command::new(&cargo);
         // The build dies with the thread that wants it (`cargo xtask test` builds
         // ahead on a thread of its own, and may end early on a failing tier).
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // the async-signal-safe prctl system call, touching no memory of the parent.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::host::dies_with_parent(&mut command, libc::SIGTERM);
         let status = command
             .args([
                 "build",

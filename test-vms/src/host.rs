@@ -296,16 +296,7 @@ impl EmulatedHost {
             // detached QEMU; owned ones are stopped by Drop and by the parent-death signal.
             .process_group(0);
         if lifetime == Lifetime::Owned {
-            // SAFETY: the closure runs in the forked child before exec and only makes
-            // the async-signal-safe prctl system call, touching no memory of the parent.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            dies_with_parent(&mut command, libc::SIGKILL);
         }
         let child = command.spawn().map_err(HostError::Spawn)?;
         let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
@@ -520,6 +511,22 @@ impl Drop for EmulatedHost {
 /// Quotes `text` for a POSIX shell.
 pub fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// Has the process `command` starts get `signal` when the thread that starts it
+/// ends (`PR_SET_PDEATHSIG`): the thread, not the process, so start it from one
+/// that lives as long as the process is wanted.
+pub(crate) fn dies_with_parent(command: &mut Command, signal: libc::c_int) {
+    // SAFETY: the closure runs in the forked child before exec and only makes the
+    // async-signal-safe prctl system call, touching no memory of the parent.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 #[cfg(test)]
