@@ -13,13 +13,12 @@
 # libnvidia-opencl.so.1) to pick one. Prints one line per program and
 # "N passed, N failed" last; exits non-zero if any program failed.
 set -uo pipefail
+. "$(dirname "$0")/corpus.sh"
 dir=$(cd "${1:?usage: gpu-corpus.sh DIR [PROGRAM...]}" && pwd)
 shift
 progs=("$@")
 [ ${#progs[@]} -gt 0 ] ||
-    progs=(pingpong subbuffers images localmem maps copies events programs frameloop multictx)
-declare -A iters=([pingpong]=30000 [subbuffers]=6000 [images]=20000 [localmem]=6000 [maps]=6000
-    [copies]=6000 [events]=4000 [programs]=2000 [frameloop]=3000 [multictx]=4000)
+    progs=("${corpus_programs[@]}")
 work=$(mktemp -d)
 export CRANE_RUN_DIR=$work/run
 devices='/dev/(nvidia|dri/|kfd)'
@@ -27,7 +26,7 @@ vendor_libs='libcuda\.so|libnvidia-opencl|libnvidia-ptxjitcompiler|libamdocl|lib
 passed=0
 failed=0
 for p in "${progs[@]}"; do
-    n=${iters[$p]:-3000}
+    n=${corpus_iters[$p]:-3000}
     if ! "$dir/testapps/$p" --iters "$n" > "$work/$p.native" 2> /dev/null; then
         echo "$p: the native run failed"
         failed=$((failed + 1))

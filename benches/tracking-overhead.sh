@@ -14,14 +14,13 @@
 # and testapps/ (testapps/build.sh DIR/testapps). The vendor is the ICD
 # loader's: set OCL_ICD_FILENAMES (e.g. libnvidia-opencl.so.1) to pick one.
 set -euo pipefail
+. "$(dirname "$0")/corpus.sh"
 dir=$(cd "${1:?usage: tracking-overhead.sh DIR [ROUNDS] [PROGRAM...]}" && pwd)
 rounds=${2:-5}
 shift $(($# > 1 ? 2 : 1))
 progs=("$@")
 [ ${#progs[@]} -gt 0 ] ||
-    progs=(pingpong subbuffers images localmem maps copies events programs frameloop multictx)
-declare -A iters=([pingpong]=30000 [subbuffers]=6000 [images]=20000 [localmem]=6000 [maps]=6000
-    [copies]=6000 [events]=4000 [programs]=2000 [frameloop]=3000 [multictx]=4000)
+    progs=("${corpus_programs[@]}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export CRANE_RUN_DIR=$work/run
@@ -30,7 +29,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 sum=0
 count=0
 for p in "${progs[@]}"; do
-    n=${iters[$p]:-3000}
+    n=${corpus_iters[$p]:-3000}
     : > "$work/native.times"
     : > "$work/crane.times"
     for _ in $(seq "$rounds"); do
