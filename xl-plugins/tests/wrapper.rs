@@ -99,12 +99,15 @@ impl Fixture {
                     continue;
                 };
                 let req: Request = serde_json::from_str(&line).unwrap();
+                let replies = answer(&req, &mut domains_asked, refuse);
+                // Recorded before answering: once the wrapper has its answer
+                // it may exit, and the test reads the list right after.
+                seen.lock().unwrap().push(req);
                 let mut w = s;
-                for reply in answer(&req, &mut domains_asked, refuse) {
+                for reply in replies {
                     write_message(&mut w, &reply).unwrap();
                 }
                 w.flush().unwrap();
-                seen.lock().unwrap().push(req);
             }
         });
         Fixture {
