@@ -58,10 +58,8 @@ fn finish(child: Child, limit: Duration, what: &str) -> Output {
     waiter.join().unwrap()
 }
 
-fn run_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("crane-badinput-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+fn run_dir(tag: &str) -> tempfile::TempDir {
+    common::scratch(&format!("badinput-{tag}"))
 }
 
 /// `badinput` natively: the reference.
@@ -91,13 +89,12 @@ fn under_crane() -> &'static Output {
         let child = Command::new(badinput())
             .arg("--foreign")
             .env("LD_PRELOAD", library())
-            .env("CRANE_RUN_DIR", &dir)
+            .env("CRANE_RUN_DIR", dir.path())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let out = finish(child, Duration::from_secs(120), "badinput under crane");
-        let _ = std::fs::remove_dir_all(&dir);
         assert!(
             out.status.success(),
             "badinput did not exit normally under crane ({}): {}",
@@ -239,14 +236,13 @@ fn panic_inside_crane_becomes_an_error_code() {
     let child = Command::new(badinput())
         .arg("--faults")
         .env("LD_PRELOAD", fault_library())
-        .env("CRANE_RUN_DIR", &dir)
+        .env("CRANE_RUN_DIR", dir.path())
         .env("CRANE_FAULT_PANIC", names.join(","))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let crane = finish(child, Duration::from_secs(60), "badinput --faults");
-    let _ = std::fs::remove_dir_all(&dir);
     let (out, err) = (stdout_of(&crane), stderr_of(&crane));
     assert!(
         crane.status.success(),
@@ -349,7 +345,8 @@ struct WorkingApp {
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     sock: PathBuf,
-    dir: PathBuf,
+    /// Removed when the app is dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl WorkingApp {
@@ -358,14 +355,14 @@ impl WorkingApp {
         let mut child = Command::new(badinput())
             .arg("--work")
             .env("LD_PRELOAD", library())
-            .env("CRANE_RUN_DIR", &dir)
+            .env("CRANE_RUN_DIR", dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stdin = child.stdin.take();
-        let sock = socket_path(&dir, child.id());
+        let sock = socket_path(dir.path(), child.id());
         let start = Instant::now();
         while !sock.exists() {
             assert!(
@@ -378,7 +375,7 @@ impl WorkingApp {
             child: Some(child),
             stdin,
             sock,
-            dir,
+            _dir: dir,
         }
     }
 
@@ -410,7 +407,6 @@ impl WorkingApp {
             Duration::from_secs(60),
             "badinput --work",
         );
-        let _ = std::fs::remove_dir_all(&self.dir);
         let (o, e) = (stdout_of(&out), stderr_of(&out));
         assert!(
             out.status.success(),
@@ -647,7 +643,7 @@ fn control_socket_idle_connections_block_nobody() {
 #[test]
 fn status_inside_a_long_call_is_answered_busy() {
     let dir = run_dir("busy");
-    let (mut child, mut stdin, mut out, sock) = held(&["--wait-in-call", "6000"], &dir);
+    let (mut child, mut stdin, mut out, sock) = held(&["--wait-in-call", "6000"], dir.path());
     let mut expect = |want: &str| assert_eq!(next_line(&mut out), want);
     expect("waiting");
     // The waiting thread entered clWaitForEvents just after printing.
@@ -669,7 +665,6 @@ fn status_inside_a_long_call_is_answered_busy() {
     expect("waited");
     drop(stdin);
     assert!(child.wait().unwrap().success());
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The application sizes its buffer from CL_PROGRAM_BINARY_SIZES, and a
@@ -681,7 +676,7 @@ fn status_inside_a_long_call_is_answered_busy() {
 #[test]
 fn binary_sized_before_a_suspend_fits_after_it() {
     let dir = run_dir("binary");
-    let (child, mut stdin, mut out, sock) = held(&["--binary-hold"], &dir);
+    let (child, mut stdin, mut out, sock) = held(&["--binary-hold"], dir.path());
     assert_eq!(next_line(&mut out), "binary sized");
     suspend_resume(&sock);
     suspend_resume(&sock);
@@ -697,5 +692,4 @@ fn binary_sized_before_a_suspend_fits_after_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{}", out.status);
-    let _ = std::fs::remove_dir_all(&dir);
 }

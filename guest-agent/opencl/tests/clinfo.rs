@@ -138,21 +138,21 @@ fn expected(native: &str, crane_is_the_loader: bool) -> String {
 }
 
 fn compare(mode: &Mode, crane_is_the_loader: bool) {
-    let run_dir = common::scratch(&format!("clinfo-{}", mode.name));
-    let native = clinfo(None, &run_dir);
+    let scratch = common::scratch(&format!("clinfo-{}", mode.name));
+    let run_dir = scratch.path();
+    let native = clinfo(None, run_dir);
     assert!(
         native.contains("Number of platforms") && native.contains(NATIVE_KERNELS),
         "unexpected native clinfo output:\n{native}"
     );
     let want = expected(&native, crane_is_the_loader);
-    let got = clinfo(Some(mode), &run_dir);
+    let got = clinfo(Some(mode), run_dir);
     // It was crane that answered: it opened its control socket.
     assert!(
         run_dir.join("apps").exists(),
         "crane did not run inside clinfo ({})",
         mode.name
     );
-    let _ = std::fs::remove_dir_all(&run_dir);
     if got != want {
         let first = want
             .lines()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crane_control::{Request, call, socket_path};
 
 mod common;
-use common::{Mode, apps, interrupted, library, long_enough, native, result_line};
+use common::{Mode, apps, interrupted, library, long_enough, native, result_line, scratch};
 
 fn check(app: &str, iters: &str) {
     let preload = Mode::preload();
@@ -65,15 +65,16 @@ fn gate_without_membarrier() {
 #[test]
 fn svm_suspend_is_refused_and_app_continues() {
     let want = native("svm", "6000");
-    let run_dir = std::env::temp_dir().join(format!("crane-corpus-svm-{}", std::process::id()));
+    let scratch = scratch("corpus-svm");
+    let run_dir = scratch.path();
     let child = Command::new(apps().join("svm"))
         .args(["--iters", "6000"])
         .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = socket_path(&run_dir, child.id());
+    let sock = socket_path(run_dir, child.id());
     let mut refused = 0;
     let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
     while !waiter.is_finished() && refused < 3 {
@@ -102,15 +103,16 @@ fn svm_suspend_is_refused_and_app_continues() {
 #[test]
 fn twenty_cycles_leave_nothing() {
     let want = native("pingpong", "60000");
-    let run_dir = std::env::temp_dir().join(format!("crane-corpus-twenty-{}", std::process::id()));
+    let scratch = scratch("corpus-twenty");
+    let run_dir = scratch.path();
     let child = Command::new(apps().join("pingpong"))
         .args(["--iters", "60000"])
         .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = socket_path(&run_dir, child.id());
+    let sock = socket_path(run_dir, child.id());
     let start = Instant::now();
     while !sock.exists() {
         assert!(

@@ -142,8 +142,9 @@ fn icd_mode_shows_each_platform_once_and_uninstall_restores() {
     let native = platform_lines(Command::new("clinfo"));
     assert!(!native.is_empty(), "no OpenCL platform natively");
 
-    let root = scratch("icd-install");
-    let dirs = IcdDirs::new(&root);
+    let scratch = scratch("icd-install");
+    let root = scratch.path();
+    let dirs = IcdDirs::new(root);
     let before: Vec<(String, Vec<u8>)> = IcdDirs::icd_names(&dirs.vendors)
         .into_iter()
         .map(|n| {
@@ -183,5 +184,4 @@ fn icd_mode_shows_each_platform_once_and_uninstall_restores() {
     }
     assert_eq!(IcdDirs::icd_names(&dirs.vendors), moved);
     assert!(!dirs.crane.exists());
-    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -50,7 +50,8 @@ int main(void) {
 
 #[test]
 fn profiling_times_survive_two_cycles() {
-    let dir = scratch("profiling");
+    let scratch = scratch("profiling");
+    let dir = scratch.path();
     let src = dir.join("prof.c");
     let exe = dir.join("prof");
     std::fs::write(&src, PROGRAM).unwrap();
@@ -97,5 +98,4 @@ fn profiling_times_survive_two_cycles() {
     assert!(child.wait().unwrap().success());
     assert!(start > 0, "no START time");
     assert!(end >= start, "END {end} before START {start}");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

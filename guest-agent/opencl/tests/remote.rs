@@ -10,22 +10,21 @@ use std::time::{Duration, Instant};
 use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
-use common::{Rng, apps, built, finishes, library, long_enough, native, result_line};
+use common::{Rng, apps, built, finishes, library, long_enough, native, result_line, scratch};
 
 /// A crane-proxy process for one test, killed when dropped.
 struct Proxy {
     child: Child,
     addr: String,
-    dir: PathBuf,
+    /// Holds the token file and the unix socket; removed when dropped.
+    _dir: tempfile::TempDir,
 }
 
 impl Proxy {
     /// Starts a proxy that accepts the given tokens (token, tenant).
     fn start(name: &str, tcp: bool, tokens: &[(&str, &str)]) -> Proxy {
-        let dir = std::env::temp_dir().join(format!("crane-proxy-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let tf = dir.join("tokens");
+        let dir = scratch(&format!("proxy-{name}"));
+        let tf = dir.path().join("tokens");
         let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
         std::fs::write(&tf, lines.join("\n") + "\n").unwrap();
         let addr = if tcp {
@@ -36,7 +35,7 @@ impl Proxy {
                 .port();
             format!("tcp://127.0.0.1:{port}")
         } else {
-            format!("unix:{}", dir.join("proxy.sock").display())
+            format!("unix:{}", dir.path().join("proxy.sock").display())
         };
         let child = Command::new(built("crane-proxy", "crane-proxy"))
             .args(["--listen", &addr, "--token-file"])
@@ -45,7 +44,11 @@ impl Proxy {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start crane-proxy");
-        let p = Proxy { child, addr, dir };
+        let p = Proxy {
+            child,
+            addr,
+            _dir: dir,
+        };
         p.wait_ready();
         p
     }
@@ -75,7 +78,6 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -106,20 +108,17 @@ struct Switched {
 /// Runs `app` under crane and moves it between local and remote at random
 /// moments (now and then through a plain suspend/resume too) until it exits.
 fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> Switched {
-    let run_dir = std::env::temp_dir().join(format!(
-        "crane-remote-{}-{app}-{seed:x}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&run_dir);
+    let scratch = scratch(&format!("remote-{app}-{seed:x}"));
+    let run_dir = scratch.path();
     let child = Command::new(apps().join(app))
         .args(["--iters", iters])
         .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = socket_path(&run_dir, child.id());
+    let sock = socket_path(run_dir, child.id());
     let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
     let mut rng = Rng(seed | 1);
     let mut mode = Mode::Passthrough;
@@ -173,7 +172,6 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
         assert!(r.ok, "{app}: final resume failed: {:?}", r.error);
     }
     let out = waiter.join().unwrap();
-    let _ = std::fs::remove_dir_all(&run_dir);
     assert!(
         out.status.success(),
         "{app} failed under crane: {}",
@@ -224,10 +222,7 @@ corpus_test!(rustpipe, "1200");
 /// requests arrive (on a fast machine a whole run ended before the first one,
 /// and CI saw the control socket refuse the connection).
 fn hold_file(run_dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(run_dir).unwrap();
-    let release = run_dir.join("release");
-    let _ = std::fs::remove_file(&release);
-    release
+    run_dir.join("release")
 }
 
 /// A process started while its guest is remoting runs on the proxy from its
@@ -236,12 +231,13 @@ fn hold_file(run_dir: &Path) -> PathBuf {
 fn starts_remote_then_goes_local() {
     let want = native("pingpong", "20000");
     let proxy = Proxy::start("starts-remote", true, &[("abc", "t")]);
-    let run_dir = std::env::temp_dir().join(format!("crane-remote-start-{}", std::process::id()));
-    let release = hold_file(&run_dir);
+    let scratch = scratch("remote-start");
+    let run_dir = scratch.path();
+    let release = hold_file(run_dir);
     let child = Command::new(apps().join("pingpong"))
         .args(["--iters", "20000"])
         .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir)
         .env("CRANE_MODE", "remote")
         .env("CRANE_PROXY", &proxy.addr)
         .env("CRANE_PROXY_TOKEN", "abc")
@@ -250,7 +246,7 @@ fn starts_remote_then_goes_local() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = socket_path(&run_dir, child.id());
+    let sock = socket_path(run_dir, child.id());
     wait_socket(&sock);
     let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
     assert_eq!(st.status.unwrap().mode, Mode::Remote);
@@ -351,18 +347,19 @@ fn two_tenants_share_one_proxy() {
 fn wrong_token_leaves_the_app_local() {
     let want = native("pingpong", "6000");
     let proxy = Proxy::start("badtoken", false, &[("right", "t")]);
-    let run_dir = std::env::temp_dir().join(format!("crane-remote-badtok-{}", std::process::id()));
-    let release = hold_file(&run_dir);
+    let scratch = scratch("remote-badtok");
+    let run_dir = scratch.path();
+    let release = hold_file(run_dir);
     let child = Command::new(apps().join("pingpong"))
         .args(["--iters", "6000"])
         .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir)
         .env("TESTAPP_HOLD", &release)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = socket_path(&run_dir, child.id());
+    let sock = socket_path(run_dir, child.id());
     wait_socket(&sock);
     let r = call(
         &sock,
@@ -390,11 +387,12 @@ fn wrong_token_leaves_the_app_local() {
 #[test]
 fn dead_proxy_fails_calls_quickly() {
     let mut proxy = Proxy::start("dies", true, &[("k", "t")]);
-    let run_dir = std::env::temp_dir().join(format!("crane-remote-dies-{}", std::process::id()));
+    let scratch = scratch("remote-dies");
+    let run_dir = scratch.path();
     let child = Command::new(apps().join("pingpong"))
         .args(["--iters", "100000000"])
         .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir)
         .env("CRANE_MODE", "remote")
         .env("CRANE_PROXY", &proxy.addr)
         .env("CRANE_PROXY_TOKEN", "k")
@@ -402,7 +400,7 @@ fn dead_proxy_fails_calls_quickly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = socket_path(&run_dir, child.id());
+    let sock = socket_path(run_dir, child.id());
     wait_socket(&sock);
     std::thread::sleep(Duration::from_millis(300));
     proxy.child.kill().unwrap();

@@ -57,12 +57,13 @@ pub fn cranectl() -> PathBuf {
     CTL.get_or_init(|| built("cranectl", "cranectl")).clone()
 }
 
-/// A fresh scratch directory for one test.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("crane-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh scratch directory for one test, removed when dropped (also when
+/// the test fails), so that runs leave nothing under /tmp.
+pub fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("crane-{name}-"))
+        .tempdir()
+        .expect("create a scratch directory")
 }
 
 /// Builds the corpus once per test binary.
@@ -141,15 +142,8 @@ pub struct Mode {
     pub name: &'static str,
     pub env: Vec<(&'static str, OsString)>,
     /// Scratch files the mode needs (removed by `Drop`).
-    dir: Option<PathBuf>,
-}
-
-impl Drop for Mode {
-    fn drop(&mut self) {
-        if let Some(d) = &self.dir {
-            let _ = std::fs::remove_dir_all(d);
-        }
-    }
+    /// Removed with the mode.
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Mode {
@@ -158,7 +152,7 @@ impl Mode {
         Mode {
             name: "preload",
             env: vec![("LD_PRELOAD", library().into())],
-            dir: None,
+            _dir: None,
         }
     }
 
@@ -167,11 +161,11 @@ impl Mode {
     /// against.
     pub fn drop_in(tag: &str) -> Mode {
         let dir = scratch(&format!("dropin-{tag}"));
-        std::os::unix::fs::symlink(library(), dir.join("libOpenCL.so.1")).unwrap();
+        std::os::unix::fs::symlink(library(), dir.path().join("libOpenCL.so.1")).unwrap();
         Mode {
             name: "drop-in",
-            env: vec![("LD_LIBRARY_PATH", dir.clone().into())],
-            dir: Some(dir),
+            env: vec![("LD_LIBRARY_PATH", dir.path().into())],
+            _dir: Some(dir),
         }
     }
 
@@ -180,7 +174,7 @@ impl Mode {
     /// CRANE_VENDORS_DIR for crane), so the real /etc is never touched.
     pub fn icd(tag: &str) -> Mode {
         let root = scratch(&format!("icd-{tag}"));
-        let icd = IcdDirs::new(&root);
+        let icd = IcdDirs::new(root.path());
         let out = icd.cranectl(&["install-icd".into(), "--lib".into(), library().into()]);
         assert!(
             out.status.success(),
@@ -190,7 +184,7 @@ impl Mode {
         let mode = Mode {
             name: "ICD",
             env: icd.env(),
-            dir: Some(root),
+            _dir: Some(root),
         };
         assert_eq!(
             IcdDirs::icd_names(&icd.vendors),
@@ -287,13 +281,13 @@ pub fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize, mode: &
     let child = mode
         .command(apps().join(app))
         .args(["--iters", iters])
-        .env("CRANE_RUN_DIR", &run_dir)
+        .env("CRANE_RUN_DIR", run_dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
-    let sock = socket_path(&run_dir, pid);
+    let sock = socket_path(run_dir.path(), pid);
     let mut rng = Rng(seed | 1);
     let mut cycles = 0;
     let start = Instant::now();
@@ -368,7 +362,7 @@ pub fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize, mode: &
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = waiter.join().unwrap();
-    let _ = std::fs::remove_dir_all(&run_dir);
+    drop(run_dir);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
