@@ -253,7 +253,7 @@ fn handle(req: Request) -> Response {
         },
         Request::Resume => match std::panic::catch_unwind(lifecycle::resume) {
             Ok(Ok(phases)) => ok(phases, None),
-            Ok(Err(e)) => Response::error(e),
+            Ok(Err(e)) => Response::error(format!("{e}; the process stays suspended")),
             Err(_) => Response::error("internal error during resume"),
         },
         Request::Remote {

@@ -183,3 +183,98 @@ pub fn put<T>(p: *mut T, v: T) {
         unsafe { p.write(v) };
     }
 }
+
+/// An OpenCL error code as operators read it in crane's messages:
+/// `CL_MEM_OBJECT_ALLOCATION_FAILURE (-4)`, or the bare number for a code
+/// outside the core API's list (vendor and extension codes).
+pub fn error_text(code: cl_int) -> String {
+    macro_rules! named {
+        ($($name:ident),* $(,)?) => {
+            match code {
+                $(opencl_sys::$name => Some(stringify!($name)),)*
+                _ => None,
+            }
+        };
+    }
+    let name = named!(
+        CL_SUCCESS,
+        CL_DEVICE_NOT_FOUND,
+        CL_DEVICE_NOT_AVAILABLE,
+        CL_COMPILER_NOT_AVAILABLE,
+        CL_MEM_OBJECT_ALLOCATION_FAILURE,
+        CL_OUT_OF_RESOURCES,
+        CL_OUT_OF_HOST_MEMORY,
+        CL_PROFILING_INFO_NOT_AVAILABLE,
+        CL_MEM_COPY_OVERLAP,
+        CL_IMAGE_FORMAT_MISMATCH,
+        CL_IMAGE_FORMAT_NOT_SUPPORTED,
+        CL_BUILD_PROGRAM_FAILURE,
+        CL_MAP_FAILURE,
+        CL_MISALIGNED_SUB_BUFFER_OFFSET,
+        CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST,
+        CL_COMPILE_PROGRAM_FAILURE,
+        CL_LINKER_NOT_AVAILABLE,
+        CL_LINK_PROGRAM_FAILURE,
+        CL_DEVICE_PARTITION_FAILED,
+        CL_KERNEL_ARG_INFO_NOT_AVAILABLE,
+        CL_INVALID_VALUE,
+        CL_INVALID_DEVICE_TYPE,
+        CL_INVALID_PLATFORM,
+        CL_INVALID_DEVICE,
+        CL_INVALID_CONTEXT,
+        CL_INVALID_QUEUE_PROPERTIES,
+        CL_INVALID_COMMAND_QUEUE,
+        CL_INVALID_HOST_PTR,
+        CL_INVALID_MEM_OBJECT,
+        CL_INVALID_IMAGE_FORMAT_DESCRIPTOR,
+        CL_INVALID_IMAGE_SIZE,
+        CL_INVALID_SAMPLER,
+        CL_INVALID_BINARY,
+        CL_INVALID_BUILD_OPTIONS,
+        CL_INVALID_PROGRAM,
+        CL_INVALID_PROGRAM_EXECUTABLE,
+        CL_INVALID_KERNEL_NAME,
+        CL_INVALID_KERNEL_DEFINITION,
+        CL_INVALID_KERNEL,
+        CL_INVALID_ARG_INDEX,
+        CL_INVALID_ARG_VALUE,
+        CL_INVALID_ARG_SIZE,
+        CL_INVALID_KERNEL_ARGS,
+        CL_INVALID_WORK_DIMENSION,
+        CL_INVALID_WORK_GROUP_SIZE,
+        CL_INVALID_WORK_ITEM_SIZE,
+        CL_INVALID_GLOBAL_OFFSET,
+        CL_INVALID_EVENT_WAIT_LIST,
+        CL_INVALID_EVENT,
+        CL_INVALID_OPERATION,
+        CL_INVALID_GL_OBJECT,
+        CL_INVALID_BUFFER_SIZE,
+        CL_INVALID_MIP_LEVEL,
+        CL_INVALID_GLOBAL_WORK_SIZE,
+        CL_INVALID_PROPERTY,
+        CL_INVALID_IMAGE_DESCRIPTOR,
+        CL_INVALID_COMPILER_OPTIONS,
+        CL_INVALID_LINKER_OPTIONS,
+        CL_INVALID_DEVICE_PARTITION_COUNT,
+        CL_INVALID_PIPE_SIZE,
+        CL_INVALID_DEVICE_QUEUE,
+        CL_INVALID_SPEC_ID,
+        CL_MAX_SIZE_RESTRICTION_EXCEEDED,
+    );
+    match name {
+        Some(n) => format!("{n} ({code})"),
+        None => format!("{code}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn error_codes_are_named_and_unknown_ones_kept() {
+        assert_eq!(error_text(-4), "CL_MEM_OBJECT_ALLOCATION_FAILURE (-4)");
+        assert_eq!(error_text(-72), "CL_MAX_SIZE_RESTRICTION_EXCEEDED (-72)");
+        assert_eq!(error_text(-1001), "-1001");
+    }
+}

@@ -173,7 +173,8 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
         Err(e) => {
             gate::open();
             return Err(format!(
-                "reading device memory back failed with OpenCL error {e}"
+                "reading device memory back failed with OpenCL error {}",
+                crate::entry::error_text(e)
             ));
         }
     };
@@ -711,7 +712,9 @@ fn reopen() {
 }
 
 /// Loads the target, recreates every object in dependency order and
-/// re-injects buffer contents; the gate stays shut.
+/// re-injects buffer contents; the gate stays shut. On failure nothing of the
+/// target is kept and the process is still suspended: the caller says what
+/// happens next.
 fn rebuild() -> Result<Vec<Phase>, String> {
     let mut tm = Timer::new();
     let remote = matches!(vendor::target(), Target::Remote { .. });
@@ -719,9 +722,15 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         if let Some(why) = vendor::take_load_error() {
             why
         } else if remote {
-            format!("connecting to crane-proxy failed with OpenCL error {e}")
+            format!(
+                "connecting to crane-proxy failed with OpenCL error {}",
+                crate::entry::error_text(e)
+            )
         } else {
-            format!("reloading the vendor library failed with OpenCL error {e}")
+            format!(
+                "reloading the vendor library failed with OpenCL error {}",
+                crate::entry::error_text(e)
+            )
         }
     })?;
     tm.lap(if remote { "connect" } else { "reload" }, 0);
@@ -731,7 +740,8 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         release_all();
         vendor::unload(&policy());
         return Err(format!(
-            "recreating objects failed with OpenCL error {e}; the process stays suspended"
+            "recreating objects failed with OpenCL error {}",
+            crate::entry::error_text(e)
         ));
     }
     if let Some(s) = vendor::remote_session() {
@@ -741,7 +751,8 @@ fn rebuild() -> Result<Vec<Phase>, String> {
             release_all();
             vendor::unload(&policy());
             return Err(format!(
-                "crane-proxy could not recreate the objects (OpenCL error {e}); the process stays suspended"
+                "crane-proxy could not recreate the objects (OpenCL error {})",
+                crate::entry::error_text(e)
             ));
         }
     }

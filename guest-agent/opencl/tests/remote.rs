@@ -12,17 +12,24 @@ use crane_control::{Mode, Request, call, socket_path};
 mod common;
 use common::{Rng, apps, built, finishes, library, long_enough, native, result_line, scratch};
 
-/// A crane-proxy process for one test, killed when dropped.
+/// A crane-proxy process for one test, killed when dropped. Its log (info
+/// level) goes to a file, printed if the test fails.
 struct Proxy {
     child: Child,
     addr: String,
-    /// Holds the token file and the unix socket; removed when dropped.
-    _dir: tempfile::TempDir,
+    /// Holds the token file, the log and the unix socket; removed when
+    /// dropped.
+    dir: tempfile::TempDir,
 }
 
 impl Proxy {
     /// Starts a proxy that accepts the given tokens (token, tenant).
     fn start(name: &str, tcp: bool, tokens: &[(&str, &str)]) -> Proxy {
+        Self::start_with(name, tcp, tokens, &[])
+    }
+
+    /// The same, with more command-line options (limits, say).
+    fn start_with(name: &str, tcp: bool, tokens: &[(&str, &str)], options: &[&str]) -> Proxy {
         let dir = scratch(&format!("proxy-{name}"));
         let tf = dir.path().join("tokens");
         let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
@@ -40,17 +47,33 @@ impl Proxy {
         let child = Command::new(built("crane-proxy", "crane-proxy"))
             .args(["--listen", &addr, "--token-file"])
             .arg(&tf)
-            .env("RUST_LOG", "warn")
-            .stderr(Stdio::inherit())
+            .args(options)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
             .spawn()
             .expect("start crane-proxy");
-        let p = Proxy {
-            child,
-            addr,
-            _dir: dir,
-        };
+        let p = Proxy { child, addr, dir };
         p.wait_ready();
         p
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// Waits for a line of the log that contains `what`.
+    fn wait_log(&self, what: &str) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.log().lines().find(|l| l.contains(what)) {
+                return l.to_string();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "crane-proxy never logged {what:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&self) {
@@ -78,6 +101,9 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("crane-proxy's log:\n{}", self.log());
+        }
     }
 }
 
@@ -372,6 +398,84 @@ fn wrong_token_leaves_the_app_local() {
     assert!(err.contains("refused"), "unexpected error: {err}");
     let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
     assert_eq!(st.status.unwrap().mode, Mode::Passthrough);
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
+
+/// A proxy without room for the process's buffers (its per-session device
+/// memory limit here, a full GPU in the field) refuses the move with
+/// OpenCL's allocation error. The process carries on locally with its vendor
+/// library reloaded (the move had unloaded it), and a later move to a proxy
+/// with room, and back, still ends with the native result.
+#[test]
+fn a_full_proxy_leaves_the_app_local() {
+    let want = native("pingpong", "6000");
+    let full = Proxy::start_with("full", true, &[("k", "t")], &["--max-session-mem", "1K"]);
+    let roomy = Proxy::start("roomy", true, &[("k", "t")]);
+    let scratch = scratch("remote-full");
+    let run_dir = scratch.path();
+    let release = hold_file(run_dir);
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "6000"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", run_dir)
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(run_dir, child.id());
+    wait_socket(&sock);
+    let status = || {
+        call(&sock, &Request::Status, Duration::from_secs(30))
+            .unwrap()
+            .status
+            .unwrap()
+    };
+    // The move must have pingpong's two 64 KiB buffers to rebuild.
+    let start = Instant::now();
+    while status().objects.buffers < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pingpong made no buffers"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = call(&sock, &remote(&full.addr, "k"), Duration::from_secs(60)).unwrap();
+    assert!(!r.ok, "a proxy without room took the process");
+    let err = r.error.unwrap();
+    assert!(
+        err.contains("CL_MEM_OBJECT_ALLOCATION_FAILURE") && err.ends_with("it carries on locally"),
+        "{err}"
+    );
+    assert!(!err.contains("suspended"), "it is not suspended: {err}");
+    // The proxy gave back what it had made of the process.
+    let closed = full.wait_log("closed by the client");
+    assert!(closed.contains("object(s) released"), "{closed}");
+    let st = status();
+    assert_eq!(st.mode, Mode::Passthrough);
+    assert!(
+        !st.vendors.is_empty(),
+        "no vendor library after the rollback"
+    );
+    let r = call(&sock, &remote(&roomy.addr, "k"), Duration::from_secs(60)).unwrap();
+    assert!(r.ok, "the move to a proxy with room failed: {:?}", r.error);
+    assert_eq!(status().mode, Mode::Remote);
+    let r = call(
+        &sock,
+        &Request::Local {
+            deadline_ms: 20_000,
+        },
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(r.ok, "going local failed: {:?}", r.error);
     std::fs::write(&release, b"").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(

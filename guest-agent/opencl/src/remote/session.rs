@@ -858,7 +858,10 @@ fn handle(
             Answer::Failed { seq, status } => {
                 shared.failures.fetch_add(1, Ordering::AcqRel);
                 if shared.failures_logged.fetch_add(1, Ordering::Relaxed) < 20 {
-                    warn!("crane-proxy: posted call #{seq} failed with OpenCL error {status}");
+                    warn!(
+                        "crane-proxy: posted call #{seq} failed with OpenCL error {}",
+                        crate::entry::error_text(status)
+                    );
                 }
                 let mut st = lock(&shared.state);
                 if st.failed.len() < 1024 {
