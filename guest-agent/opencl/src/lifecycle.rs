@@ -734,26 +734,30 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         }
     })?;
     tm.lap(if remote { "connect" } else { "reload" }, 0);
-    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
-    if let Err(e) = recreate(&mut bytes, &mut inject) {
-        // Give back what was made, so that a later attempt starts clean.
+    // Gives back what was made, so that a later attempt starts clean, and
+    // says why: a broken connection to crane-proxy rather than the error
+    // code every call gets after it.
+    let failed = |what: &str, e: cl_int| {
+        let lost = vendor::remote_session().and_then(|s| s.dead());
         release_all();
         vendor::unload(&policy());
-        return Err(format!(
-            "recreating objects failed with OpenCL error {}",
-            crate::entry::error_text(e)
-        ));
+        match lost {
+            Some(why) => format!("the connection to crane-proxy broke while {what}: {why}"),
+            None => format!(
+                "{what} failed with OpenCL error {}",
+                crate::entry::error_text(e)
+            ),
+        }
+    };
+    let (mut bytes, mut inject) = (0u64, Duration::ZERO);
+    if let Err(e) = recreate(&mut bytes, &mut inject) {
+        return Err(failed("recreating the objects", e));
     }
     if let Some(s) = vendor::remote_session() {
         // Creation is posted: wait until the proxy has carried it out, so that
         // a failure shows here and not in the application's next call.
         if let Err(e) = remote_sync(&s) {
-            release_all();
-            vendor::unload(&policy());
-            return Err(format!(
-                "crane-proxy could not recreate the objects (OpenCL error {})",
-                crate::entry::error_text(e)
-            ));
+            return Err(failed("recreating the objects on crane-proxy", e));
         }
     }
     tm.lap("recreate", 0);

@@ -299,8 +299,13 @@ fn open_vendor(path: &Path) -> Result<Loaded, String> {
     let mut platforms = vec![std::ptr::null_mut(); n as usize];
     if n > 0 {
         // SAFETY: `platforms` holds n entries.
-        check(unsafe { get(n, platforms.as_mut_ptr(), std::ptr::null_mut()) })
-            .map_err(|e| format!("{}: clIcdGetPlatformIDsKHR failed with {e}", path.display()))?;
+        check(unsafe { get(n, platforms.as_mut_ptr(), std::ptr::null_mut()) }).map_err(|e| {
+            format!(
+                "{}: clIcdGetPlatformIDsKHR failed with {}",
+                path.display(),
+                crate::entry::error_text(e)
+            )
+        })?;
     }
     Ok(Loaded {
         backend: Backend::Native(lib),
@@ -316,10 +321,15 @@ fn open_remote(addr: &str, token: &str) -> Result<Loaded, String> {
             platforms,
         }),
         Err(e) => {
+            let why = match s.dead() {
+                Some(why) => format!("the connection to crane-proxy at {addr} broke: {why}"),
+                None => format!(
+                    "crane-proxy at {addr}: listing platforms failed with OpenCL error {}",
+                    crate::entry::error_text(e)
+                ),
+            };
             s.close();
-            Err(format!(
-                "crane-proxy at {addr}: listing platforms failed with {e}"
-            ))
+            Err(why)
         }
     }
 }
@@ -440,11 +450,13 @@ pub fn load() -> ClResult<()> {
         for p in &st.platforms {
             let Some(i) = avail.iter().position(|(n, _)| *n == p.name) else {
                 let offered: Vec<&str> = avail.iter().map(|(n, _)| n.as_str()).collect();
-                let why = format!(
-                    "platform {:?} of this process is not offered by {} (it offers {offered:?})",
-                    p.name,
-                    describe(&target)
-                );
+                let why = lost(&loaded, &target).unwrap_or_else(|| {
+                    format!(
+                        "platform {:?} of this process is not offered by {} (it offers {offered:?})",
+                        p.name,
+                        describe(&target)
+                    )
+                });
                 warn!("{why}");
                 st.load_error = Some(why);
                 close_all(loaded);
@@ -463,12 +475,14 @@ pub fn load() -> ClResult<()> {
             let now = match vendor_devices(st.platforms[pi].base.vendor().cast()) {
                 Ok(v) if v.len() >= devs.len() => v,
                 r => {
-                    let why = format!(
-                        "platform {:?} on {} has fewer devices than this process uses ({}): {r:?}",
-                        st.platforms[pi].name,
-                        describe(&target),
-                        devs.len()
-                    );
+                    let why = lost(&loaded, &target).unwrap_or_else(|| {
+                        format!(
+                            "platform {:?} on {} has fewer devices than this process uses ({}): {r:?}",
+                            st.platforms[pi].name,
+                            describe(&target),
+                            devs.len()
+                        )
+                    });
                     warn!("{why}");
                     st.load_error = Some(why);
                     for p in &st.platforms {
@@ -485,6 +499,21 @@ pub fn load() -> ClResult<()> {
     }
     st.loaded = loaded;
     Ok(())
+}
+
+/// Why loading failed, if it was a connection to crane-proxy that broke on
+/// the way: its platform and device queries then fail too, and what they
+/// return (no name, no devices) would be a misleading reason.
+fn lost(loaded: &[Option<Loaded>], target: &Target) -> Option<String> {
+    loaded.iter().flatten().find_map(|l| match &l.backend {
+        Backend::Remote(s) => s.dead().map(|why| {
+            format!(
+                "the connection to {} broke while loading it: {why}",
+                describe(target)
+            )
+        }),
+        Backend::Native(_) => None,
+    })
 }
 
 fn vendor_devices(vp: cl_platform_id) -> ClResult<Vec<cl_device_id>> {

@@ -408,82 +408,178 @@ fn wrong_token_leaves_the_app_local() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// pingpong under crane, held halfway (TESTAPP_HOLD) with its two 64 KiB
+/// buffers made, so that a move has them to rebuild.
+struct Held {
+    child: Child,
+    sock: PathBuf,
+    release: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Held {
+    fn start(iters: &str) -> Held {
+        let dir = scratch("remote-held");
+        let release = hold_file(dir.path());
+        let child = Command::new(apps().join("pingpong"))
+            .args(["--iters", iters])
+            .env("LD_PRELOAD", library())
+            .env("CRANE_RUN_DIR", dir.path())
+            .env("TESTAPP_HOLD", &release)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sock = socket_path(dir.path(), child.id());
+        wait_socket(&sock);
+        let held = Held {
+            child,
+            sock,
+            release,
+            _dir: dir,
+        };
+        let start = Instant::now();
+        while held.status().objects.buffers < 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "pingpong made no buffers"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        held
+    }
+
+    fn ask(&self, req: &Request) -> crane_control::Response {
+        call(&self.sock, req, Duration::from_secs(60)).unwrap()
+    }
+
+    fn status(&self) -> crane_control::AppStatus {
+        self.ask(&Request::Status).status.unwrap()
+    }
+
+    /// A move to `addr` that must fail, leaving the process local with its
+    /// vendor library loaded again; its error.
+    fn refused_move(&self, addr: &str) -> String {
+        let r = self.ask(&remote(addr, "k"));
+        assert!(!r.ok, "the move to {addr} succeeded");
+        let err = r.error.unwrap();
+        assert!(err.ends_with("it carries on locally"), "{err}");
+        assert!(!err.contains("suspended"), "it is not suspended: {err}");
+        let st = self.status();
+        assert_eq!(st.mode, Mode::Passthrough);
+        assert!(
+            !st.vendors.is_empty(),
+            "no vendor library after the rollback"
+        );
+        err
+    }
+
+    /// A move to `addr` and back, both of which must work.
+    fn there_and_back(&self, addr: &str) {
+        let r = self.ask(&remote(addr, "k"));
+        assert!(r.ok, "the move to {addr} failed: {:?}", r.error);
+        assert_eq!(self.status().mode, Mode::Remote);
+        let r = self.ask(&Request::Local {
+            deadline_ms: 20_000,
+        });
+        assert!(r.ok, "going local failed: {:?}", r.error);
+    }
+
+    /// Lets it run to the end; its result line.
+    fn finish(self) -> String {
+        std::fs::write(&self.release, b"").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        result_line(&out.stdout)
+    }
+}
+
 /// A proxy without room for the process's buffers (its per-session device
 /// memory limit here, a full GPU in the field) refuses the move with
 /// OpenCL's allocation error. The process carries on locally with its vendor
-/// library reloaded (the move had unloaded it), and a later move to a proxy
-/// with room, and back, still ends with the native result.
+/// library reloaded (the move had unloaded it), the proxy frees what it had
+/// made, and a later move to a proxy with room, and back, still ends with the
+/// native result.
 #[test]
 fn a_full_proxy_leaves_the_app_local() {
     let want = native("pingpong", "6000");
     let full = Proxy::start_with("full", true, &[("k", "t")], &["--max-session-mem", "1K"]);
     let roomy = Proxy::start("roomy", true, &[("k", "t")]);
-    let scratch = scratch("remote-full");
-    let run_dir = scratch.path();
-    let release = hold_file(run_dir);
-    let child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "6000"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", run_dir)
-        .env("TESTAPP_HOLD", &release)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = socket_path(run_dir, child.id());
-    wait_socket(&sock);
-    let status = || {
-        call(&sock, &Request::Status, Duration::from_secs(30))
-            .unwrap()
-            .status
-            .unwrap()
-    };
-    // The move must have pingpong's two 64 KiB buffers to rebuild.
-    let start = Instant::now();
-    while status().objects.buffers < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "pingpong made no buffers"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let r = call(&sock, &remote(&full.addr, "k"), Duration::from_secs(60)).unwrap();
-    assert!(!r.ok, "a proxy without room took the process");
-    let err = r.error.unwrap();
-    assert!(
-        err.contains("CL_MEM_OBJECT_ALLOCATION_FAILURE") && err.ends_with("it carries on locally"),
-        "{err}"
-    );
-    assert!(!err.contains("suspended"), "it is not suspended: {err}");
-    // The proxy gave back what it had made of the process.
+    let app = Held::start("6000");
+    let err = app.refused_move(&full.addr);
+    assert!(err.contains("CL_MEM_OBJECT_ALLOCATION_FAILURE"), "{err}");
     let closed = full.wait_log("closed by the client");
     assert!(closed.contains("object(s) released"), "{closed}");
-    let st = status();
-    assert_eq!(st.mode, Mode::Passthrough);
-    assert!(
-        !st.vendors.is_empty(),
-        "no vendor library after the rollback"
-    );
-    let r = call(&sock, &remote(&roomy.addr, "k"), Duration::from_secs(60)).unwrap();
-    assert!(r.ok, "the move to a proxy with room failed: {:?}", r.error);
-    assert_eq!(status().mode, Mode::Remote);
-    let r = call(
-        &sock,
-        &Request::Local {
-            deadline_ms: 20_000,
-        },
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert!(r.ok, "going local failed: {:?}", r.error);
-    std::fs::write(&release, b"").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(result_line(&out.stdout), want);
+    app.there_and_back(&roomy.addr);
+    assert_eq!(app.finish(), want);
+}
+
+/// A TCP relay to `to` that cuts both ways once its client has sent
+/// `cut_after` bytes: to the client, a proxy that died in the middle of what
+/// it was sent.
+fn cutting_relay(to: &str, cut_after: usize) -> String {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", listener.local_addr().unwrap());
+    let to = to.trim_start_matches("tcp://").to_string();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else {
+            return;
+        };
+        let upstream = TcpStream::connect(&to).unwrap();
+        let (mut c_in, mut u_out) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+        let back = std::thread::spawn(move || {
+            let (mut u_in, mut c_out) = (upstream, client);
+            let _ = std::io::copy(&mut u_in, &mut c_out);
+        });
+        let mut sent = 0;
+        let mut buf = vec![0u8; 16 << 10];
+        while sent < cut_after {
+            let n = match c_in.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n.min(cut_after - sent),
+            };
+            if u_out.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            sent += n;
+        }
+        let _ = c_in.shutdown(Shutdown::Both);
+        let _ = u_out.shutdown(Shutdown::Both);
+        let _ = back.join();
+    });
+    addr
+}
+
+/// The connection to the proxy breaks during the move, at points from before
+/// the Hello to inside the buffers' data: each move fails with the broken
+/// connection as its reason, the process carries on locally with nothing
+/// lost, the proxy tears down the half-built sessions, and the process can
+/// still move and come back.
+#[test]
+fn a_proxy_lost_during_the_move_leaves_the_app_local() {
+    let want = native("pingpong", "6000");
+    let proxy = Proxy::start("lost", true, &[("k", "t")]);
+    let app = Held::start("6000");
+    // Bytes from the app before the cut: none, inside the Hello, inside the
+    // platform queries, inside the program source, inside each 64 KiB buffer.
+    for cut in [0usize, 10, 60, 400, 40 << 10, 130 << 10] {
+        let relay = cutting_relay(&proxy.addr, cut);
+        let err = app.refused_move(&relay);
+        assert!(
+            err.contains("closed the connection"),
+            "cut after {cut} bytes: {err}"
+        );
+    }
+    let closed = proxy.wait_log("object(s) released");
+    assert!(!closed.contains("by the client"), "{closed}");
+    app.there_and_back(&proxy.addr);
+    assert_eq!(app.finish(), want);
 }
 
 /// When the proxy dies under a remote process, its OpenCL calls fail with an
