@@ -243,30 +243,34 @@ mod tests {
     fn parallel_requests_with_timeouts_and_gone_processes() {
         let run = std::env::temp_dir().join(format!("crane-apps-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&run);
-        // Real pids that exist (ours, our parent) stand for live processes.
+        // Real pids that exist (ours, our parent, init) stand for live
+        // processes; two of them take far longer than the wait.
         let me = std::process::id();
         let parent = std::os::unix::process::parent_id();
         let a = spawn(&run, me, Behaviour::Obedient);
-        let b = spawn(&run, parent, Behaviour::Slow(Duration::from_secs(2)));
+        let b = spawn(&run, parent, Behaviour::Slow(Duration::from_secs(10)));
+        let c = spawn(&run, 1, Behaviour::Slow(Duration::from_secs(10)));
         // A socket file with no listener whose process is gone.
         let gone_pid = 999_999_999;
         std::fs::write(socket_path(&run, gone_pid), b"").unwrap();
         let t = Instant::now();
         let mut r = send_all(
             &run,
-            &[me, parent, gone_pid],
+            &[me, parent, 1, gone_pid],
             |_| Some(Request::Suspend { deadline_ms: 100 }),
-            Duration::from_millis(300),
+            Duration::from_secs(1),
         );
         r.sort_by_key(|x| x.pid);
         let get = |pid| r.iter().find(|x| x.pid == pid).unwrap();
         assert_eq!(get(me).outcome, AppOutcome::Suspended);
         assert_eq!(get(parent).outcome, AppOutcome::TimedOut);
+        assert_eq!(get(1).outcome, AppOutcome::TimedOut);
         assert_eq!(get(gone_pid).outcome, AppOutcome::Gone);
         assert!(!socket_path(&run, gone_pid).exists(), "stale socket left");
-        // In parallel: one timeout, not two in a row.
+        // In parallel: the two 1 s waits overlap (in a row they take 2 s), and
+        // neither slow process is waited for (10 s).
         assert!(
-            t.elapsed() < Duration::from_millis(1000),
+            t.elapsed() < Duration::from_millis(1900),
             "{:?}",
             t.elapsed()
         );
@@ -275,7 +279,7 @@ mod tests {
             mode_of(&run, me, Duration::from_secs(1)),
             Some(Mode::Suspended)
         );
-        drop(b);
+        drop((b, c));
         let _ = std::fs::remove_dir_all(&run);
     }
 }
