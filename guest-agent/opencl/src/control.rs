@@ -346,8 +346,10 @@ mod tests {
         );
         assert!(t.elapsed() < Duration::from_secs(2));
         let (a, b) = pair();
+        // A byte every 50 ms for 10 s: a deadline renewed by each byte would
+        // wait all of it.
         let trickle = std::thread::spawn(move || {
-            for _ in 0..20 {
+            for _ in 0..200 {
                 if (&a).write_all(b"x").is_err() {
                     break;
                 }
