@@ -549,8 +549,12 @@ fn cutting_relay(to: &str, cut_after: usize) -> String {
             }
             sent += n;
         }
-        let _ = c_in.shutdown(Shutdown::Both);
+        // The proxy's side ends, and the client's sees its end (a FIN) while
+        // what it still sends is read and dropped: a socket closed with
+        // unread data would turn that end into a reset.
         let _ = u_out.shutdown(Shutdown::Both);
+        let _ = c_in.shutdown(Shutdown::Write);
+        let _ = std::io::copy(&mut c_in, &mut std::io::sink());
         let _ = back.join();
     });
     addr
