@@ -8,8 +8,7 @@
 //! each way.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -100,9 +99,7 @@ impl Standalone {
         if let Some(dir) = socket.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let _ = std::fs::remove_file(&socket);
-        let listener = UnixListener::bind(&socket)?;
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+        let listener = crane_control::listen_at(&socket)?;
         let dom0 = self.store.connect(0);
         let domid = self.domid;
         std::thread::Builder::new()

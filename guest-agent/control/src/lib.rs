@@ -3,7 +3,7 @@
 //! socket `$CRANE_RUN_DIR/apps/<pid>.sock`, one JSON response back.
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -27,6 +27,27 @@ pub fn run_dir_from_env() -> PathBuf {
 /// The socket of one process.
 pub fn socket_path(run_dir: &Path, pid: u32) -> PathBuf {
     apps_dir(run_dir).join(format!("{pid}.sock"))
+}
+
+/// A listening socket at `path`, mode 0600, replacing a stale one. It is
+/// bound under a name no one looks for (`path` + `.binding`) and renamed into
+/// place once it listens and has its mode: bind() makes the file before
+/// listen(), and a connect in between is refused, which a client takes for a
+/// peer that is gone (the agent then removes the process's socket).
+pub fn listen_at(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut binding = path.as_os_str().to_owned();
+    binding.push(".binding");
+    let binding = PathBuf::from(binding);
+    let _ = std::fs::remove_file(&binding);
+    let listener = UnixListener::bind(&binding)?;
+    let placed = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&binding, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&binding);
+        return Err(e);
+    }
+    Ok(listener)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -242,6 +263,26 @@ mod tests {
         let r: Request = serde_json::from_str(r#"{"cmd":"resume"}"#).unwrap();
         assert_eq!(r, Request::Resume);
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());
+    }
+
+    #[test]
+    fn listen_at_replaces_a_stale_socket_and_leaves_no_binding_name() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("crane-listen-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let path = d.join("7.sock");
+        std::fs::write(&path, b"stale").unwrap();
+        let l = listen_at(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["7.sock"]);
+        let _c = UnixStream::connect(&path).unwrap();
+        l.accept().unwrap();
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

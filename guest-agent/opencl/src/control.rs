@@ -6,8 +6,7 @@
 //! carried out one at a time.
 
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
@@ -46,33 +45,16 @@ pub fn start() {
             );
             return;
         }
-        let _ = std::fs::remove_file(&path);
-        // Bound under a name no one looks for, then renamed into place once
-        // it listens and has its mode: bind() makes the file before listen(),
-        // and a connect in between is refused, which the agent takes for a
-        // process that is gone (it removes the socket, and the process can no
-        // longer be reached).
-        let binding = path.with_extension("sock.binding");
-        let _ = std::fs::remove_file(&binding);
-        let listener = match UnixListener::bind(&binding) {
+        let listener = match crane_control::listen_at(&path) {
             Ok(l) => l,
             Err(e) => {
                 warn!(
                     "cannot listen on {}: {e}; this process cannot be suspended",
-                    binding.display()
+                    path.display()
                 );
                 return;
             }
         };
-        let _ = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(0o600));
-        if let Err(e) = std::fs::rename(&binding, &path) {
-            warn!(
-                "cannot put the control socket at {}: {e}; this process cannot be suspended",
-                path.display()
-            );
-            let _ = std::fs::remove_file(&binding);
-            return;
-        }
         debug!("control socket {}", path.display());
         let spawned = std::thread::Builder::new()
             .name("crane-control".into())
