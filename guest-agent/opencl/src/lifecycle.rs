@@ -738,11 +738,11 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     // says why: a broken connection to crane-proxy rather than the error
     // code every call gets after it.
     let failed = |what: &str, e: cl_int| {
-        let lost = vendor::remote_session().and_then(|s| s.dead());
+        let broken = vendor::remote_session().and_then(|s| s.broken());
         release_all();
         vendor::unload(&policy());
-        match lost {
-            Some(why) => format!("the connection to crane-proxy broke while {what}: {why}"),
+        match broken {
+            Some(why) => format!("{what} failed: {why}"),
             None => format!(
                 "{what} failed with OpenCL error {}",
                 crate::entry::error_text(e)

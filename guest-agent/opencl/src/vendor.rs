@@ -321,13 +321,12 @@ fn open_remote(addr: &str, token: &str) -> Result<Loaded, String> {
             platforms,
         }),
         Err(e) => {
-            let why = match s.dead() {
-                Some(why) => format!("the connection to crane-proxy at {addr} broke: {why}"),
-                None => format!(
+            let why = s.broken().unwrap_or_else(|| {
+                format!(
                     "crane-proxy at {addr}: listing platforms failed with OpenCL error {}",
                     crate::entry::error_text(e)
-                ),
-            };
+                )
+            });
             s.close();
             Err(why)
         }
@@ -450,7 +449,7 @@ pub fn load() -> ClResult<()> {
         for p in &st.platforms {
             let Some(i) = avail.iter().position(|(n, _)| *n == p.name) else {
                 let offered: Vec<&str> = avail.iter().map(|(n, _)| n.as_str()).collect();
-                let why = lost(&loaded, &target).unwrap_or_else(|| {
+                let why = broken(&loaded).unwrap_or_else(|| {
                     format!(
                         "platform {:?} of this process is not offered by {} (it offers {offered:?})",
                         p.name,
@@ -475,7 +474,7 @@ pub fn load() -> ClResult<()> {
             let now = match vendor_devices(st.platforms[pi].base.vendor().cast()) {
                 Ok(v) if v.len() >= devs.len() => v,
                 r => {
-                    let why = lost(&loaded, &target).unwrap_or_else(|| {
+                    let why = broken(&loaded).unwrap_or_else(|| {
                         format!(
                             "platform {:?} on {} has fewer devices than this process uses ({}): {r:?}",
                             st.platforms[pi].name,
@@ -502,16 +501,10 @@ pub fn load() -> ClResult<()> {
 }
 
 /// Why loading failed, if it was a connection to crane-proxy that broke on
-/// the way: its platform and device queries then fail too, and what they
-/// return (no name, no devices) would be a misleading reason.
-fn lost(loaded: &[Option<Loaded>], target: &Target) -> Option<String> {
+/// the way (its platform and device queries then fail too).
+fn broken(loaded: &[Option<Loaded>]) -> Option<String> {
     loaded.iter().flatten().find_map(|l| match &l.backend {
-        Backend::Remote(s) => s.dead().map(|why| {
-            format!(
-                "the connection to {} broke while loading it: {why}",
-                describe(target)
-            )
-        }),
+        Backend::Remote(s) => s.broken(),
         Backend::Native(_) => None,
     })
 }

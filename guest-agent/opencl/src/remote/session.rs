@@ -388,6 +388,18 @@ impl Session {
         lock(&self.shared.state).dead.clone()
     }
 
+    /// Once the connection is gone, the reason to give for a failure that
+    /// follows from it, in place of the error code every call then gets (or
+    /// what a failed query leaves: no name, no devices).
+    pub fn broken(&self) -> Option<String> {
+        self.dead().map(|why| {
+            format!(
+                "the connection to crane-proxy at {} broke: {why}",
+                self.addr
+            )
+        })
+    }
+
     fn check_alive(&self) -> Result<(), cl_int> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(GONE);
