@@ -1102,13 +1102,7 @@ mod tests {
         cfg.migrate_deadline_ms = 60_000;
         cfg.resume_deadline_ms = 60_000;
         let mut w = World::new(cfg);
-        let agent = w.guest_with(
-            "g1",
-            3,
-            &[GPU_A],
-            GuestState::Passthrough,
-            OnMigrate::Detach,
-        );
+        let agent = w.guest("g1", 3, &[GPU_A], GuestState::Passthrough);
         // It published its state, then stopped (SIGSTOP, say).
         let dom0 = w.store.connect(0);
         let ch = GuestChannel::new(&dom0, 3);

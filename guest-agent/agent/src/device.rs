@@ -150,9 +150,13 @@ impl DeviceProbe for SystemProbe {
 mod tests {
     use super::*;
 
-    #[test]
-    fn waits_for_a_node_that_appears_later() {
-        let dir = std::env::temp_dir().join(format!("crane-probe-{}", std::process::id()));
+    /// A probe waiting for `<dir>/gpuctl` and the thread that makes it after
+    /// `after`; with the directory and the node's path.
+    fn node_made_later(
+        tag: &str,
+        after: Duration,
+    ) -> (SystemProbe, std::thread::JoinHandle<()>, PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("crane-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let node = dir.join("gpuctl");
         let probe = SystemProbe {
@@ -162,9 +166,15 @@ mod tests {
         };
         let n2 = node.clone();
         let maker = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(after);
             std::fs::write(&n2, b"").unwrap();
         });
+        (probe, maker, dir, node)
+    }
+
+    #[test]
+    fn waits_for_a_node_that_appears_later() {
+        let (probe, maker, dir, _) = node_made_later("probe", Duration::from_millis(300));
         let attempts = probe
             .wait_ready(Instant::now() + Duration::from_secs(10))
             .unwrap();
@@ -177,19 +187,7 @@ mod tests {
     /// not when its time is up.
     #[test]
     fn a_nap_ends_when_the_node_appears() {
-        let dir = std::env::temp_dir().join(format!("crane-nap-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let node = dir.join("gpuctl");
-        let probe = SystemProbe {
-            wait_for: vec![node.clone()],
-            command: vec!["true".into()],
-            command_timeout: Duration::from_secs(5),
-        };
-        let n2 = node.clone();
-        let maker = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            std::fs::write(&n2, b"").unwrap();
-        });
+        let (probe, maker, dir, node) = node_made_later("nap", Duration::from_millis(200));
         let t = Instant::now();
         probe.nap(Duration::from_secs(30));
         maker.join().unwrap();

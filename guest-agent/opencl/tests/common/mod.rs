@@ -141,8 +141,7 @@ pub fn long_enough(
 pub struct Mode {
     pub name: &'static str,
     pub env: Vec<(&'static str, OsString)>,
-    /// Scratch files the mode needs (removed by `Drop`).
-    /// Removed with the mode.
+    /// Scratch files the mode needs, removed with the mode.
     _dir: Option<tempfile::TempDir>,
 }
 
