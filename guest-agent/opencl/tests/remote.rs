@@ -373,39 +373,10 @@ fn two_tenants_share_one_proxy() {
 fn wrong_token_leaves_the_app_local() {
     let want = native("pingpong", "6000");
     let proxy = Proxy::start("badtoken", false, &[("right", "t")]);
-    let scratch = scratch("remote-badtok");
-    let run_dir = scratch.path();
-    let release = hold_file(run_dir);
-    let child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "6000"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", run_dir)
-        .env("TESTAPP_HOLD", &release)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = socket_path(run_dir, child.id());
-    wait_socket(&sock);
-    let r = call(
-        &sock,
-        &remote(&proxy.addr, "wrong"),
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    assert!(!r.ok);
-    let err = r.error.unwrap();
+    let app = Held::start("6000");
+    let err = app.refused_move(&proxy.addr, "wrong");
     assert!(err.contains("refused"), "unexpected error: {err}");
-    let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
-    assert_eq!(st.status.unwrap().mode, Mode::Passthrough);
-    std::fs::write(&release, b"").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(result_line(&out.stdout), want);
+    assert_eq!(app.finish(), want);
 }
 
 /// pingpong under crane, held halfway (TESTAPP_HOLD) with its two 64 KiB
@@ -457,10 +428,10 @@ impl Held {
         self.ask(&Request::Status).status.unwrap()
     }
 
-    /// A move to `addr` that must fail, leaving the process local with its
-    /// vendor library loaded again; its error.
-    fn refused_move(&self, addr: &str) -> String {
-        let r = self.ask(&remote(addr, "k"));
+    /// A move to `addr` with `token` that must fail, leaving the process
+    /// local with its vendor library loaded again; its error.
+    fn refused_move(&self, addr: &str, token: &str) -> String {
+        let r = self.ask(&remote(addr, token));
         assert!(!r.ok, "the move to {addr} succeeded");
         let err = r.error.unwrap();
         assert!(err.ends_with("it carries on locally"), "{err}");
@@ -510,7 +481,7 @@ fn a_full_proxy_leaves_the_app_local() {
     let full = Proxy::start_with("full", true, &[("k", "t")], &["--max-session-mem", "1K"]);
     let roomy = Proxy::start("roomy", true, &[("k", "t")]);
     let app = Held::start("6000");
-    let err = app.refused_move(&full.addr);
+    let err = app.refused_move(&full.addr, "k");
     assert!(err.contains("CL_MEM_OBJECT_ALLOCATION_FAILURE"), "{err}");
     let closed = full.wait_log("closed by the client");
     assert!(closed.contains("object(s) released"), "{closed}");
@@ -574,7 +545,7 @@ fn a_proxy_lost_during_the_move_leaves_the_app_local() {
     // platform queries, inside the program source, inside each 64 KiB buffer.
     for cut in [0usize, 10, 60, 400, 40 << 10, 130 << 10] {
         let relay = cutting_relay(&proxy.addr, cut);
-        let err = app.refused_move(&relay);
+        let err = app.refused_move(&relay, "k");
         assert!(
             err.contains("closed the connection"),
             "cut after {cut} bytes: {err}"
