@@ -1108,6 +1108,122 @@ static void unmap_if_mapped(cl_command_queue q, cl_mem m, void *p)
     }
 }
 
+/* Valid image maps of every image type, plain, CL_MEM_USE_HOST_PTR (with
+ * padded pitches) and CL_MEM_ALLOC_HOST_PTR: the pitches reported, whether
+ * the pointer lies in the application's host memory, whether the mapped
+ * region holds the image's pixels, and whether a write through the map
+ * reaches the image. Crane serves maps from its own memory and must lay them
+ * out as the specification says (a 1D array's layers one row apart, slice
+ * pitch 0 for 1D and 2D images). */
+static unsigned char px_byte(size_t x, size_t y, size_t z, size_t c)
+{
+    return (unsigned char)(x + 7 * y + 31 * z + 3 * c + 1);
+}
+
+static void image_map_cases(struct env *v)
+{
+    static const struct {
+        const char *name;
+        cl_mem_object_type type;
+        int dims; /* 1: x, 2: x y (1D array: y is the layer), 3: x y z */
+    } types[] = {
+        {"1d", CL_MEM_OBJECT_IMAGE1D, 1},           {"2d", CL_MEM_OBJECT_IMAGE2D, 2},
+        {"3d", CL_MEM_OBJECT_IMAGE3D, 3},           {"1darray", CL_MEM_OBJECT_IMAGE1D_ARRAY, 2},
+        {"2darray", CL_MEM_OBJECT_IMAGE2D_ARRAY, 3},
+    };
+    static const struct {
+        const char *name;
+        cl_mem_flags flags;
+    } kinds[] = {{"plain", 0}, {"use_host_ptr", CL_MEM_USE_HOST_PTR}, {"alloc_host_ptr", CL_MEM_ALLOC_HOST_PTR}};
+    const size_t W = 5, H = 4, D = 3, PX = 4;
+    cl_image_format fmt = {CL_RGBA, CL_UNSIGNED_INT8};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            int dims = types[t].dims;
+            int array1d = types[t].type == CL_MEM_OBJECT_IMAGE1D_ARRAY;
+            size_t ext[3] = {W, dims > 1 ? (array1d ? D : H) : 1, dims > 2 ? D : 1};
+            cl_image_desc desc;
+            memset(&desc, 0, sizeof desc);
+            desc.image_type = types[t].type;
+            desc.image_width = W;
+            desc.image_height = types[t].type == CL_MEM_OBJECT_IMAGE2D || types[t].type == CL_MEM_OBJECT_IMAGE3D ||
+                                        types[t].type == CL_MEM_OBJECT_IMAGE2D_ARRAY
+                                    ? H
+                                    : 0;
+            desc.image_depth = types[t].type == CL_MEM_OBJECT_IMAGE3D ? D : 0;
+            desc.image_array_size = array1d || types[t].type == CL_MEM_OBJECT_IMAGE2D_ARRAY ? D : 0;
+            int use = kinds[k].flags == CL_MEM_USE_HOST_PTR;
+            /* The host layout: rows padded by 8 bytes, slices by a row (slice
+             * pitches must be multiples of the row pitch). */
+            size_t hrow = W * PX + 8, hslice = array1d ? 2 * hrow : hrow * (H + 1);
+            unsigned char *host = NULL;
+            if (use) {
+                desc.image_row_pitch = hrow;
+                if (dims > 1 && types[t].type != CL_MEM_OBJECT_IMAGE2D)
+                    desc.image_slice_pitch = hslice;
+                host = xmalloc(hslice * D + hrow * H);
+                memset(host, 0, hslice * D + hrow * H);
+            }
+            /* Pixels packed, as clEnqueueWriteImage gets them. */
+            unsigned char *pix = xmalloc(W * H * D * PX);
+            for (size_t z = 0; z < ext[2]; z++)
+                for (size_t y = 0; y < ext[1]; y++)
+                    for (size_t x = 0; x < W; x++)
+                        for (size_t c = 0; c < PX; c++) {
+                            unsigned char b = px_byte(x, y, z, c);
+                            pix[((z * ext[1] + y) * W + x) * PX + c] = b;
+                            if (use) {
+                                size_t off = array1d ? y * hslice : y * hrow + z * hslice;
+                                host[off + x * PX + c] = b;
+                            }
+                        }
+            cl_int err;
+            cl_mem img = clCreateImage(v->ctx, CL_MEM_READ_WRITE | kinds[k].flags, &fmt, &desc, host, &err);
+            char name[128];
+            snprintf(name, sizeof name, "valid.clEnqueueMapImage.%s.%s", types[t].name, kinds[k].name);
+            if (err != CL_SUCCESS) {
+                emit_case(name, err, "create");
+                free(pix);
+                free(host);
+                continue;
+            }
+            size_t zero[3] = {0, 0, 0};
+            if (!use)
+                CK(clEnqueueWriteImage(v->q, img, CL_TRUE, zero, ext, 0, 0, pix, 0, NULL, NULL));
+            size_t o[3] = {1, dims > 1 ? 1 : 0, dims > 2 ? 1 : 0};
+            size_t r[3] = {W - 2, dims > 1 ? ext[1] - 1 : 1, dims > 2 ? ext[2] - 1 : 1};
+            size_t rp = 12345, sp = 12345;
+            unsigned char *p = clEnqueueMapImage(v->q, img, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, o, r, &rp, &sp, 0,
+                                                 NULL, NULL, &err);
+            int ok = p != NULL, in_host = 0;
+            if (p) {
+                in_host = use && p >= host && p < host + hslice * D + hrow * H;
+                size_t step = array1d ? sp : rp;
+                for (size_t z = 0; z < r[2]; z++)
+                    for (size_t y = 0; y < r[1]; y++)
+                        for (size_t x = 0; x < r[0]; x++)
+                            for (size_t c = 0; c < PX; c++)
+                                if (p[z * sp + y * step + x * PX + c] != px_byte(o[0] + x, o[1] + y, o[2] + z, c))
+                                    ok = 0;
+                /* Write the region's last pixel through the map. */
+                size_t last = (r[2] - 1) * sp + (r[1] - 1) * step + (r[0] - 1) * PX;
+                memset(p + last, 0xee, PX);
+                CK(clEnqueueUnmapMemObject(v->q, img, p, 0, NULL, NULL));
+                CK(clFinish(v->q));
+            }
+            unsigned char *back = xmalloc(W * H * D * PX);
+            CK(clEnqueueReadImage(v->q, img, CL_TRUE, zero, ext, 0, 0, back, 0, NULL, NULL));
+            size_t lx = o[0] + r[0] - 1, ly = o[1] + r[1] - 1, lz = o[2] + r[2] - 1;
+            int written = back[((lz * ext[1] + ly) * W + lx) * PX] == 0xee;
+            emit_case(name, err, "rp=%zu sp=%zu in_host=%d ok=%d written=%d", rp, sp, in_host, ok, written);
+            CK(clReleaseMemObject(img));
+            free(back);
+            free(pix);
+            free(host);
+        }
+    }
+}
+
 static void enqueue_cases(struct env *v)
 {
     uint32_t host[N];
@@ -1713,6 +1829,8 @@ int main(int argc, char **argv)
     kernel_cases(&v);
     event_cases(&v);
     enqueue_cases(&v);
+    if (v.images)
+        image_map_cases(&v);
     check_still_works(&v, "computation after the bad calls");
     printf("badinput: %d cases, %d spec-only cases\n", g_cases, g_specs);
     print_result();

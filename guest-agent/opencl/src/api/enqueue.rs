@@ -733,6 +733,86 @@ fn image_map_region(
     Ok((o, r))
 }
 
+/// Where an image map lives and how it is laid out.
+struct MapLayout {
+    /// The application's memory the map points into (CL_MEM_USE_HOST_PTR),
+    /// else crane allocates `total` bytes.
+    host: Option<usize>,
+    /// Row and slice pitch the application is told.
+    row: usize,
+    slice: usize,
+    /// Slice pitch for the vendor's read and write-back: "must be 0 if image
+    /// is a 1D or 2D image" (NVIDIA refuses any other with CL_INVALID_VALUE).
+    read_slice: usize,
+    total: usize,
+}
+
+/// The layout of an image map of region `r` at origin `o`: the whole image's
+/// pitches, as a vendor mapping its own copy of the image reports them (PoCL
+/// does), though crane holds only the region. A 1D image array's layers are
+/// one row each, so its slice pitch is its row pitch. For a
+/// CL_MEM_USE_HOST_PTR image "the pointer value returned by clEnqueueMapImage
+/// will be derived from the host_ptr specified when the image object is
+/// created", with the pitches given then.
+fn map_layout(
+    mem: &Mem,
+    desc: &cl_image_desc,
+    px: usize,
+    o: &[usize; 3],
+    r: &[usize; 3],
+) -> ClResult<MapLayout> {
+    let ty = desc.image_type;
+    let layered = matches!(
+        ty,
+        CL_MEM_OBJECT_IMAGE3D | CL_MEM_OBJECT_IMAGE1D_ARRAY | CL_MEM_OBJECT_IMAGE2D_ARRAY
+    );
+    let host = mem.flags & CL_MEM_USE_HOST_PTR != 0 && mem.host_ptr != 0;
+    let row = if host && desc.image_row_pitch != 0 {
+        desc.image_row_pitch
+    } else {
+        desc.image_width.checked_mul(px).ok_or(CL_INVALID_VALUE)?
+    };
+    let rows = desc.image_height.max(1);
+    let slice = match ty {
+        CL_MEM_OBJECT_IMAGE1D_ARRAY if host && desc.image_slice_pitch != 0 => {
+            desc.image_slice_pitch
+        }
+        CL_MEM_OBJECT_IMAGE1D_ARRAY => row,
+        _ if layered && host && desc.image_slice_pitch != 0 => desc.image_slice_pitch,
+        _ if layered => row.checked_mul(rows).ok_or(CL_INVALID_VALUE)?,
+        _ => 0,
+    };
+    // Bytes from the map's first pixel to one past its last.
+    let last = |n: usize, pitch: usize| (n - 1).checked_mul(pitch).ok_or(CL_INVALID_VALUE);
+    let span = if ty == CL_MEM_OBJECT_IMAGE1D_ARRAY {
+        last(r[1], slice)?
+    } else {
+        last(r[1], row)?
+            .checked_add(last(r[2], slice)?)
+            .ok_or(CL_INVALID_VALUE)?
+    };
+    let total = span
+        .checked_add(r[0].checked_mul(px).ok_or(CL_INVALID_VALUE)?)
+        .ok_or(CL_INVALID_VALUE)?;
+    let host = if host {
+        let off = if ty == CL_MEM_OBJECT_IMAGE1D_ARRAY {
+            o[0] * px + o[1] * slice
+        } else {
+            o[0] * px + o[1] * row + o[2] * slice
+        };
+        Some(mem.host_ptr + off)
+    } else {
+        None
+    };
+    Ok(MapLayout {
+        host,
+        row,
+        slice,
+        read_slice: if layered { slice } else { 0 },
+        total,
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clEnqueueMapImage(
     q: cl_command_queue,
@@ -774,16 +854,23 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         }
         check_map(mem, flags)?;
         let px = super::memory::pixel_size(format);
-        let row = r[0].checked_mul(px).ok_or(CL_INVALID_VALUE)?;
-        let slice = row.checked_mul(r[1]).ok_or(CL_INVALID_VALUE)?;
-        let total = slice.checked_mul(r[2]).ok_or(CL_INVALID_VALUE)?;
-        let mut s = map_storage(total);
-        let ptr = s.as_mut_ptr();
-        entry::put(row_pitch, row);
-        entry::put(slice_pitch, slice);
+        let layout = map_layout(mem, desc, px, &o, &r)?;
+        let (ptr, storage) = match layout.host {
+            Some(p) => (p as *mut u8, None),
+            None => {
+                let mut s = map_storage(layout.total);
+                (s.as_mut_ptr(), Some(s))
+            }
+        };
+        entry::put(row_pitch, layout.row);
+        // "For a 2D image, 1D image, or 1D image buffer, if image_slice_pitch
+        // is not NULL, 0 is returned."
+        entry::put(slice_pitch, layout.slice);
+        let (row, slice) = (layout.row, layout.read_slice);
         let write = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
         run(queue, n, list, ev, CL_COMMAND_MAP_IMAGE, |vq, w, ve| {
-            // SAFETY: reading the region into crane-owned memory of that size.
+            // SAFETY: reading the region into memory of that layout (crane's,
+            // or the application's host pointer region).
             Ok(unsafe {
                 vfn!(vq, clEnqueueReadImage)?(
                     vq,
@@ -806,10 +893,10 @@ pub unsafe extern "C" fn clEnqueueMapImage(
             .push(MapRecord {
                 ptr: ptr as usize,
                 offset: 0,
-                size: total,
+                size: layout.total,
                 write,
                 image: Some((o, r, row, slice)),
-                storage: Some(s),
+                storage,
             });
         Ok(ptr.cast())
     })
