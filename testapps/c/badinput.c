@@ -471,6 +471,54 @@ static void context_cases(struct env *v)
     SPEC("foreign.clReleaseContext.inside_handle", clReleaseContext(INSIDE(v->ctx)), CL_INVALID_CONTEXT);
 }
 
+/* Property lists whose values are 0 (CL_FALSE, no queue properties, a null
+ * pointer) before the terminator: only a zero name ends a list. Valid lists
+ * must work, invalid names must get CL_INVALID_PROPERTY, and the properties
+ * reported back must be the whole list. */
+static void property_cases(struct env *v)
+{
+    size_t sz;
+    cl_context_properties sync_then_platform[] = {CL_CONTEXT_INTEROP_USER_SYNC, CL_FALSE, CL_CONTEXT_PLATFORM,
+                                                  (cl_context_properties)v->platform, 0};
+    cl_context_properties unknown_null[] = {(cl_context_properties) "INVALID_PROPERTY", 0, 0};
+    cl_context_properties dup_sync[] = {CL_CONTEXT_INTEROP_USER_SYNC, CL_FALSE, CL_CONTEXT_INTEROP_USER_SYNC,
+                                        CL_FALSE, 0};
+    OBJ("props.clCreateContext.unknown_name_null_value", cl_context, clReleaseContext,
+        clCreateContext(unknown_null, 1, &v->dev, NULL, NULL, &E));
+    OBJ("props.clCreateContextFromType.unknown_name_null_value", cl_context, clReleaseContext,
+        clCreateContextFromType(unknown_null, CL_DEVICE_TYPE_ALL, NULL, NULL, &E));
+    OBJ("props.clCreateContext.duplicate_false", cl_context, clReleaseContext,
+        clCreateContext(dup_sync, 1, &v->dev, NULL, NULL, &E));
+    {
+        cl_int e = 12345;
+        cl_context c = clCreateContext(sync_then_platform, 1, &v->dev, NULL, NULL, &e);
+        sz = 7777;
+        if (c) {
+            CK(clGetContextInfo(c, CL_CONTEXT_PROPERTIES, 0, NULL, &sz));
+            CK(clReleaseContext(c));
+        }
+        emit_case("props.clCreateContext.false_then_platform", e, "%s size=%zu", c ? "obj" : "null", sz);
+    }
+    cl_queue_properties qprops[] = {CL_QUEUE_PROPERTIES, 0, 0};
+    OBJ("props.clCreateCommandQueueWithProperties.properties_zero", cl_command_queue, clReleaseCommandQueue,
+        clCreateCommandQueueWithProperties(v->ctx, v->dev, qprops, &E));
+    if (v->images) {
+        cl_sampler_properties sprops[] = {CL_SAMPLER_NORMALIZED_COORDS, CL_FALSE, CL_SAMPLER_ADDRESSING_MODE,
+                                          CL_ADDRESS_CLAMP_TO_EDGE, CL_SAMPLER_FILTER_MODE, CL_FILTER_NEAREST, 0};
+        OBJ("props.clCreateSamplerWithProperties.normalized_false_first", cl_sampler, clReleaseSampler,
+            clCreateSamplerWithProperties(v->ctx, sprops, &E));
+    }
+    cl_uint cus = 0;
+    CK(clGetDeviceInfo(v->dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL));
+    if (cus >= 2) {
+        cl_device_partition_property counts[] = {CL_DEVICE_PARTITION_BY_COUNTS, 1, (cl_device_partition_property)cus - 1,
+                                                 CL_DEVICE_PARTITION_BY_COUNTS_LIST_END, 0};
+        cl_uint nsub = 0;
+        cl_int e = clCreateSubDevices(v->dev, counts, 0, NULL, &nsub);
+        emit_case("props.clCreateSubDevices.by_counts", e, "n=%u", nsub);
+    }
+}
+
 static void queue_cases(struct env *v)
 {
     char buf[256];
@@ -1822,6 +1870,7 @@ int main(int argc, char **argv)
     }
     platform_cases(&v);
     context_cases(&v);
+    property_cases(&v);
     queue_cases(&v);
     memory_cases(&v);
     sampler_cases(&v);

@@ -141,8 +141,11 @@ pub fn bytes_of_slice<T: Copy>(v: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
-/// Reads a zero-terminated property list (contexts, queues, mem objects,
-/// samplers, sub-devices), keeping the terminator. Null gives an empty list.
+/// Reads a zero-terminated property list of name-value pairs (contexts,
+/// queues, mem objects, samplers, pipes), keeping the terminator. Only a
+/// zero *name* ends the list: values are often 0 (`CL_FALSE`, no queue
+/// properties, a null platform), and stopping at one handed the vendor a list
+/// cut after that value, with no terminator. Null gives an empty list.
 pub fn read_props<T: Copy + PartialEq + Default>(p: *const T) -> Vec<T> {
     let mut out = Vec::new();
     if p.is_null() {
@@ -151,14 +154,17 @@ pub fn read_props<T: Copy + PartialEq + Default>(p: *const T) -> Vec<T> {
     let zero = T::default();
     let mut i = 0;
     loop {
-        // SAFETY: OpenCL property lists are zero-terminated arrays; we stop at the
-        // terminator. The cap guards against a list that is not terminated.
-        let v = unsafe { p.add(i).read() };
-        out.push(v);
-        if v == zero || i > 4096 {
+        // SAFETY: OpenCL property lists are zero-terminated arrays of pairs;
+        // we stop at the terminator, which takes a name's place. The cap
+        // guards against a list that is not terminated.
+        let name = unsafe { p.add(i).read() };
+        out.push(name);
+        if name == zero || i > 4096 {
             break;
         }
-        i += 1;
+        // SAFETY: a name is followed by its value.
+        out.push(unsafe { p.add(i + 1).read() });
+        i += 2;
     }
     out
 }

@@ -269,6 +269,41 @@ pub fn create_sub_devices(
     Ok(vs)
 }
 
+/// Reads a partition property list: a name and its value, except
+/// `CL_DEVICE_PARTITION_BY_COUNTS`, whose counts run to
+/// `CL_DEVICE_PARTITION_BY_COUNTS_LIST_END` (0); then the terminator.
+fn read_partition(p: *const cl_device_partition_property) -> Vec<cl_device_partition_property> {
+    let mut out = Vec::new();
+    // SAFETY: a zero-terminated list as OpenCL defines it; the cap guards
+    // against one that is not terminated. `p` is not null (checked).
+    let at = |i: usize| unsafe { p.add(i).read() };
+    let mut i = 0;
+    while i < 4096 {
+        let name = at(i);
+        out.push(name);
+        i += 1;
+        if name == 0 {
+            break;
+        }
+        if name == CL_DEVICE_PARTITION_BY_COUNTS as cl_device_partition_property {
+            loop {
+                let c = at(i);
+                out.push(c);
+                i += 1;
+                if c == CL_DEVICE_PARTITION_BY_COUNTS_LIST_END as cl_device_partition_property
+                    || i >= 4096
+                {
+                    break;
+                }
+            }
+        } else {
+            out.push(at(i));
+            i += 1;
+        }
+    }
+    out
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clCreateSubDevices(
     d: cl_device_id,
@@ -282,7 +317,7 @@ pub unsafe extern "C" fn clCreateSubDevices(
         if props.is_null() {
             return Err(CL_INVALID_VALUE);
         }
-        let props = entry::read_props(props);
+        let props = read_partition(props);
         let vs = create_sub_devices(&parent, &props)?;
         put(n_ret, vs.len() as cl_uint);
         if out.is_null() {
