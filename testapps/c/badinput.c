@@ -519,6 +519,58 @@ static void property_cases(struct env *v)
     }
 }
 
+/* CL_MEM_FLAGS of a sub-buffer: what it was created with, plus the access
+ * and host access flags of its parent where it gave none, plus always the
+ * parent's host pointer flags. */
+static void sub_buffer_flag_cases(struct env *v)
+{
+    static const cl_mem_flags parents[] = {
+        CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR,
+        CL_MEM_WRITE_ONLY | CL_MEM_HOST_READ_ONLY,
+        CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR | CL_MEM_HOST_NO_ACCESS,
+        CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+    };
+    static const cl_mem_flags subs[] = {0, CL_MEM_READ_ONLY, CL_MEM_HOST_NO_ACCESS};
+    static uint32_t host[N];
+    for (size_t i = 0; i < sizeof parents / sizeof parents[0]; i++) {
+        cl_int err;
+        void *hp = parents[i] & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR) ? host : NULL;
+        cl_mem b = clCreateBuffer(v->ctx, parents[i], BYTES, hp, &err);
+        CKE(err, "clCreateBuffer");
+        for (size_t j = 0; j < sizeof subs / sizeof subs[0]; j++) {
+            cl_buffer_region r = {0, BYTES / 2};
+            cl_mem s = clCreateSubBuffer(b, subs[j], CL_BUFFER_CREATE_TYPE_REGION, &r, &err);
+            cl_mem_flags f = 0;
+            if (s) {
+                CK(clGetMemObjectInfo(s, CL_MEM_FLAGS, sizeof f, &f, NULL));
+                CK(clReleaseMemObject(s));
+            }
+            char name[96];
+            snprintf(name, sizeof name, "flags.clCreateSubBuffer.parent%zu.sub%zu", i, j);
+            emit_case(name, err, "flags=0x%llx", (unsigned long long)f);
+        }
+        if (v->images) {
+            /* An image made from the buffer inherits the same way. */
+            cl_image_format fmt = {CL_RGBA, CL_UNSIGNED_INT8};
+            cl_image_desc desc;
+            memset(&desc, 0, sizeof desc);
+            desc.image_type = CL_MEM_OBJECT_IMAGE1D_BUFFER;
+            desc.image_width = BYTES / 4;
+            desc.buffer = b;
+            cl_mem img = clCreateImage(v->ctx, 0, &fmt, &desc, NULL, &err);
+            cl_mem_flags f = 0;
+            if (img) {
+                CK(clGetMemObjectInfo(img, CL_MEM_FLAGS, sizeof f, &f, NULL));
+                CK(clReleaseMemObject(img));
+            }
+            char name[96];
+            snprintf(name, sizeof name, "flags.clCreateImage.buffer_parent%zu", i);
+            emit_case(name, err, "flags=0x%llx", (unsigned long long)f);
+        }
+        CK(clReleaseMemObject(b));
+    }
+}
+
 static void queue_cases(struct env *v)
 {
     char buf[256];
@@ -1871,6 +1923,7 @@ int main(int argc, char **argv)
     platform_cases(&v);
     context_cases(&v);
     property_cases(&v);
+    sub_buffer_flag_cases(&v);
     queue_cases(&v);
     memory_cases(&v);
     sampler_cases(&v);

@@ -538,6 +538,33 @@ pub unsafe extern "C" fn clGetSupportedImageFormats(
     })
 }
 
+const ACCESS_FLAGS: cl_mem_flags = CL_MEM_READ_WRITE | CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY;
+const HOST_ACCESS_FLAGS: cl_mem_flags =
+    CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+
+/// CL_MEM_FLAGS: a sub-buffer, or an image made from a buffer, inherits the
+/// access and host access flags it was created without, and always the host
+/// pointer flags (CL_MEM_ALLOC_HOST_PTR, CL_MEM_COPY_HOST_PTR,
+/// CL_MEM_USE_HOST_PTR) of the buffer it was made from.
+fn reported_flags(mem: &Mem) -> cl_mem_flags {
+    let from = match &mem.kind {
+        MemKind::SubBuffer { parent, .. } => parent,
+        MemKind::Image {
+            buffer: Some(b), ..
+        } => b,
+        _ => return mem.flags,
+    };
+    let p = reported_flags(from);
+    let mut f = mem.flags;
+    if f & ACCESS_FLAGS == 0 {
+        f |= p & ACCESS_FLAGS;
+    }
+    if f & HOST_ACCESS_FLAGS == 0 {
+        f |= p & HOST_ACCESS_FLAGS;
+    }
+    f | p & (CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR | CL_MEM_USE_HOST_PTR)
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clGetMemObjectInfo(
     m: cl_mem,
@@ -558,7 +585,7 @@ pub unsafe extern "C" fn clGetMemObjectInfo(
             CL_MEM_REFERENCE_COUNT => {
                 write_info(bytes_of(&mem.base.app_refs()), size, value, size_ret)
             }
-            CL_MEM_FLAGS => write_info(bytes_of(&mem.flags), size, value, size_ret),
+            CL_MEM_FLAGS => write_info(bytes_of(&reported_flags(mem)), size, value, size_ret),
             CL_MEM_HOST_PTR => write_info(
                 bytes_of(&(mem.host_ptr as *mut c_void)),
                 size,
