@@ -544,9 +544,28 @@ pub unsafe extern "C" fn rCreateContext(
             devices: ids(devs, n),
         };
         s.post(&call, &[], false)?;
-        Ok(RObj::create(s, id, 0))
+        let c = RObj::create(s, id, 0);
+        obj(c)?.set_devices(dev_list(devs, n));
+        Ok(c)
     })
     .cast()
+}
+
+/// A device list's object addresses.
+fn dev_list(devs: *const cl_device_id, n: cl_uint) -> Vec<usize> {
+    slice(devs, n as usize)
+        .iter()
+        .map(|&d| d as usize)
+        .collect()
+}
+
+/// The devices a program is for: those named, else the context's.
+fn program_devices(c: cl_context, devs: *const cl_device_id, n: cl_uint) -> Vec<usize> {
+    if n > 0 && !devs.is_null() {
+        dev_list(devs, n)
+    } else {
+        obj(c.cast()).map(|o| o.devices_of()).unwrap_or_default()
+    }
 }
 
 pub unsafe extern "C" fn rGetContextInfo(
@@ -705,18 +724,110 @@ fn create_buffer(
         } else {
             &[]
         };
+        // Contents larger than one frame are written after the creation.
+        let large = payload.len() > s.limits.max_payload as usize;
         let call = Call::CreateBuffer {
             id,
             context: id_of(c.cast()),
             flags: flags & !(CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR),
             size: size as u64,
             props: if with_props { p } else { Vec::new() },
-            init,
+            init: init && !large,
         };
-        s.post(&call, payload, false)?;
-        Ok(RObj::create(s, id, 0))
+        s.post(&call, if large { &[] } else { payload }, false)?;
+        let m = RObj::create(s, id, 0);
+        if large && let Err(e) = fill_large(s, c, id, flags, payload, None) {
+            super::release(m);
+            return Err(e);
+        }
+        Ok(m)
     })
     .cast()
+}
+
+/// Gives a new buffer or image (`region`, in pixels) initial contents too
+/// large for one frame: they are written in pieces on a queue of crane's own
+/// and waited for, into the buffer itself where the host may write it, else
+/// into a staging buffer copied on the device.
+fn fill_large(
+    s: &Arc<Session>,
+    c: cl_context,
+    mem: Id,
+    flags: cl_mem_flags,
+    data: &[u8],
+    region: Option<[usize; 3]>,
+) -> R<()> {
+    let device = *obj(c.cast())?
+        .devices_of()
+        .first()
+        .ok_or(CL_INVALID_CONTEXT)?;
+    let context = id_of(c.cast());
+    let queue = s.new_id();
+    s.post(
+        &Call::CreateQueue {
+            id: queue,
+            context,
+            device: id_of(device as *mut c_void),
+            props: Vec::new(),
+        },
+        &[],
+        false,
+    )?;
+    let direct = region.is_none() && flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS) == 0;
+    let target = if direct { mem } else { s.new_id() };
+    if !direct {
+        s.post(
+            &Call::CreateBuffer {
+                id: target,
+                context,
+                flags: CL_MEM_READ_WRITE,
+                size: data.len() as u64,
+                props: Vec::new(),
+                init: false,
+            },
+            &[],
+            false,
+        )?;
+    }
+    for (o, len) in byte_pieces(data.len(), (s.limits.max_payload as usize).max(1)) {
+        let call = Call::EnqueueWriteBuffer {
+            queue,
+            buffer: target,
+            offset: o as u64,
+            size: len as u64,
+            sync: Waits::default(),
+        };
+        s.post(&call, &data[o..o + len], false)?;
+    }
+    if !direct {
+        let copy = match region {
+            Some(r) => Call::EnqueueCopyBufferToImage {
+                queue,
+                src: target,
+                dst: mem,
+                src_offset: 0,
+                dst_origin: [0; 3],
+                region: u3(r),
+                sync: Waits::default(),
+            },
+            None => Call::EnqueueCopyBuffer {
+                queue,
+                src: target,
+                dst: mem,
+                src_offset: 0,
+                dst_offset: 0,
+                size: data.len() as u64,
+                sync: Waits::default(),
+            },
+        };
+        s.post(&copy, &[], false)?;
+    }
+    let done = s.call(&Call::Finish { queue }, &[], Dest::Keep);
+    if !direct {
+        s.post(&Call::Release { id: target }, &[], false)?;
+    }
+    s.post(&Call::Release { id: queue }, &[], false)?;
+    status_of(done?.0)
 }
 
 pub unsafe extern "C" fn rCreateBuffer(
@@ -807,6 +918,8 @@ fn create_image(
             Vec::new()
         };
         let id = s.new_id();
+        // Contents larger than one frame are written after the creation.
+        let large = payload.len() > s.limits.max_payload as usize;
         let call = Call::CreateImage {
             id,
             context: id_of(c.cast()),
@@ -828,10 +941,15 @@ fn create_image(
                 buffer: id_of(buffer.cast()),
             },
             props: p,
-            init,
+            init: init && !large,
         };
-        s.post(&call, &payload, false)?;
-        Ok(RObj::create(s, id, px))
+        s.post(&call, if large { &[] } else { &payload }, false)?;
+        let m = RObj::create(s, id, px);
+        if large && let Err(e) = fill_large(s, c, id, flags, &payload, Some(region)) {
+            super::release(m);
+            return Err(e);
+        }
+        Ok(m)
     })
     .cast()
 }
@@ -989,6 +1107,7 @@ pub unsafe extern "C" fn rGetSamplerInfo(
 
 fn new_program(
     c: cl_context,
+    devices: Vec<usize>,
     err: *mut cl_int,
     payload: &[u8],
     make: impl FnOnce(Id, Id) -> Call,
@@ -997,7 +1116,9 @@ fn new_program(
         let s = sess(c.cast())?;
         let id = s.new_id();
         s.post(&make(id, id_of(c.cast())), payload, false)?;
-        Ok(RObj::create(s, id, 0))
+        let p = RObj::create(s, id, 0);
+        obj(p)?.set_devices(devices);
+        Ok(p)
     })
     .cast()
 }
@@ -1022,10 +1143,13 @@ pub unsafe extern "C" fn rCreateProgramWithSource(
         };
         source.push_str(&String::from_utf8_lossy(bytes));
     }
-    new_program(c, err, &[], |id, context| Call::CreateProgramWithSource {
-        id,
-        context,
-        source,
+    let devices = program_devices(c, std::ptr::null(), 0);
+    new_program(c, devices, err, &[], |id, context| {
+        Call::CreateProgramWithSource {
+            id,
+            context,
+            source,
+        }
     })
 }
 
@@ -1035,9 +1159,14 @@ pub unsafe extern "C" fn rCreateProgramWithIL(
     len: usize,
     err: *mut cl_int,
 ) -> cl_program {
-    new_program(c, err, slice(il as *const u8, len), |id, context| {
-        Call::CreateProgramWithIl { id, context }
-    })
+    let devices = program_devices(c, std::ptr::null(), 0);
+    new_program(
+        c,
+        devices,
+        err,
+        slice(il as *const u8, len),
+        |id, context| Call::CreateProgramWithIl { id, context },
+    )
 }
 
 pub unsafe extern "C" fn rCreateProgramWithBuiltInKernels(
@@ -1056,7 +1185,8 @@ pub unsafe extern "C" fn rCreateProgramWithBuiltInKernels(
             .into_owned()
     };
     let devices = ids(devs, n);
-    new_program(c, err, &[], |id, context| {
+    let list = program_devices(c, devs, n);
+    new_program(c, list, err, &[], |id, context| {
         Call::CreateProgramWithBuiltInKernels {
             id,
             context,
@@ -1095,6 +1225,7 @@ pub unsafe extern "C" fn rCreateProgramWithBinary(
         };
         let (a, _) = s.call(&call, &payload, Dest::Keep)?;
         let p = RObj::create(s, id, 0);
+        obj(p)?.set_devices(program_devices(c, devs, n));
         match a {
             Answer::Binary {
                 status: st,
@@ -1231,6 +1362,7 @@ pub unsafe extern "C" fn rLinkProgram(
         };
         let (a, _) = s.call(&call, &[], Dest::Keep)?;
         let p = RObj::create(s, id, 0);
+        obj(p)?.set_devices(program_devices(c, devs, n));
         match a {
             Answer::Status(CL_SUCCESS) => Ok(p),
             // A failed link still gives a program, for its build log.
@@ -1288,6 +1420,14 @@ pub unsafe extern "C" fn rGetProgramInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
+    if param == CL_PROGRAM_DEVICES {
+        // The proxy does not answer handles: the program's devices are known
+        // here.
+        return guard(|| {
+            let d = obj(p.cast())?.devices_of();
+            write_info(crate::entry::bytes_of_slice(&d), size, value, ret)
+        });
+    }
     if param != CL_PROGRAM_BINARIES {
         return info(p.cast(), InfoKind::Program, param, size, value, ret);
     }
@@ -1762,6 +1902,184 @@ pub unsafe extern "C" fn rEnqueueNDRangeKernel(
     })
 }
 
+/// The most bytes one frame's payload may carry on this queue's session:
+/// larger transfers go as several commands.
+fn piece_limit(q: cl_command_queue) -> R<usize> {
+    Ok((obj(q.cast())?.session.limits.max_payload as usize).max(1))
+}
+
+/// One command of a transfer split into pieces: what it sends (writes) and
+/// the call, given the queue and the piece's wait list and event.
+type MakeCall<'a> = Box<dyn FnOnce(Id, Waits) -> Call + 'a>;
+
+/// Posts the pieces of one write. Every piece waits for the caller's wait
+/// list; the caller's event is the last piece's, which on an out-of-order
+/// queue also waits for the others (through events of their own, released
+/// at once).
+fn post_pieces(
+    q: cl_command_queue,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+    flush: bool,
+    pieces: Vec<(std::borrow::Cow<'_, [u8]>, MakeCall<'_>)>,
+) -> cl_int {
+    guard(|| {
+        let qo = obj(q.cast())?;
+        let s = &qo.session;
+        let ooo = qo.out_of_order.load(Ordering::Relaxed);
+        let (last, e) = out_event(s, ev, n, list);
+        if let Some(p) = e {
+            order_after(p, q, qo.ticket_now());
+        }
+        let k = pieces.len();
+        let mut own = Vec::new();
+        for (i, (data, make)) in pieces.into_iter().enumerate() {
+            let w = if i + 1 == k {
+                let mut w = last.clone();
+                w.waits.extend(&own);
+                w
+            } else {
+                let event = if ooo { s.new_id() } else { 0 };
+                if event != 0 {
+                    own.push(event);
+                }
+                Waits {
+                    waits: last.waits.clone(),
+                    event,
+                }
+            };
+            if let Err(x) = s.post(&make(qo.id, w), &data, flush && i + 1 == k) {
+                drop_event(e);
+                return Err(x);
+            }
+        }
+        for id in own {
+            s.post(&Call::Release { id }, &[], false)?;
+        }
+        give_event(ev, e);
+        Ok(())
+    })
+}
+
+/// Sends the pieces of one read. A blocking read sends them one after the
+/// other; a non-blocking one sends them all, and its event counts as pending
+/// until every piece has landed (the last piece makes it on the proxy).
+fn read_pieces(
+    q: cl_command_queue,
+    blocking: cl_bool,
+    n: cl_uint,
+    list: *const cl_event,
+    ev: *mut cl_event,
+    mut pieces: Vec<(Dest, MakeCall<'_>)>,
+) -> cl_int {
+    if pieces.len() == 1 {
+        let (dest, make) = pieces.pop().expect("one piece");
+        return read(q, blocking, n, list, ev, dest, make);
+    }
+    if blocking != 0 {
+        let k = pieces.len();
+        for (i, (dest, make)) in pieces.into_iter().enumerate() {
+            let e = if i + 1 == k { ev } else { std::ptr::null_mut() };
+            let rc = read(q, blocking, n, list, e, dest, make);
+            if rc != CL_SUCCESS {
+                return rc;
+            }
+        }
+        return CL_SUCCESS;
+    }
+    guard(|| {
+        let qo = obj(q.cast())?;
+        let s = &qo.session;
+        let (last, e) = out_event(s, ev, n, list);
+        if let Some(p) = e {
+            order_after(p, q, qo.ticket_now());
+        }
+        let k = pieces.len();
+        for (i, (dest, make)) in pieces.into_iter().enumerate() {
+            let w = if i + 1 == k {
+                last.clone()
+            } else {
+                Waits {
+                    waits: last.waits.clone(),
+                    event: 0,
+                }
+            };
+            let ticket = qo.issue_read();
+            if let Err(x) = s.read_async(&make(qo.id, w), dest, e.map(arc), arc(q.cast()), ticket) {
+                drop_event(e);
+                return Err(x);
+            }
+        }
+        give_event(ev, e);
+        Ok(())
+    })
+}
+
+/// Ranges (offset, length) of at most `limit` bytes covering `size` bytes.
+fn byte_pieces(size: usize, limit: usize) -> Vec<(usize, usize)> {
+    if size <= limit {
+        return vec![(0, size)];
+    }
+    (0..size)
+        .step_by(limit)
+        .map(|o| (o, limit.min(size - o)))
+        .collect()
+}
+
+/// A part of a region: its offset and size.
+type Piece = ([usize; 3], [usize; 3]);
+
+/// Sub-regions (offset, region), in units of `unit` bytes along x, each at
+/// most `limit` bytes, covering `region`: whole slices where they fit, else
+/// rows, else parts of rows.
+fn region_pieces(region: [usize; 3], unit: usize, limit: usize) -> Vec<Piece> {
+    let row = region[0] * unit;
+    let slice = row * region[1];
+    let mut out = Vec::new();
+    if slice * region[2] <= limit {
+        out.push(([0; 3], region));
+    } else if slice <= limit {
+        let per = limit / slice.max(1);
+        for z in (0..region[2]).step_by(per) {
+            out.push(([0, 0, z], [region[0], region[1], per.min(region[2] - z)]));
+        }
+    } else if row <= limit {
+        let per = limit / row.max(1);
+        for z in 0..region[2] {
+            for y in (0..region[1]).step_by(per) {
+                out.push(([0, y, z], [region[0], per.min(region[1] - y), 1]));
+            }
+        }
+    } else {
+        let per = (limit / unit.max(1)).max(1);
+        for z in 0..region[2] {
+            for y in 0..region[1] {
+                for x in (0..region[0]).step_by(per) {
+                    out.push(([x, y, z], [per.min(region[0] - x), 1, 1]));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Pitches with OpenCL's defaults (0: tightly packed) made explicit, so that
+/// they keep their meaning for a part of the region.
+fn pitches(region_bytes: [usize; 3], row: usize, slice: usize) -> (usize, usize) {
+    let row = if row == 0 { region_bytes[0] } else { row };
+    let slice = if slice == 0 {
+        row * region_bytes[1]
+    } else {
+        slice
+    };
+    (row, slice)
+}
+
+fn add3(a: [usize; 3], b: [usize; 3]) -> [usize; 3] {
+    [a[0] + b[0], a[1] + b[1], a[2] + b[2]]
+}
+
 pub unsafe extern "C" fn rEnqueueWriteBuffer(
     q: cl_command_queue,
     b: cl_mem,
@@ -1774,21 +2092,25 @@ pub unsafe extern "C" fn rEnqueueWriteBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     let buffer = id_of(b.cast());
-    post_enqueue(
-        q,
-        n,
-        list,
-        ev,
-        slice(ptr as *const u8, size),
-        blocking != 0,
-        |queue, sync| Call::EnqueueWriteBuffer {
-            queue,
-            buffer,
-            offset: off as u64,
-            size: size as u64,
-            sync,
-        },
-    )
+    let limit = match piece_limit(q) {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    let data = slice(ptr as *const u8, size);
+    let pieces = byte_pieces(size, limit)
+        .into_iter()
+        .map(|(o, len)| {
+            let make: MakeCall = Box::new(move |queue, sync| Call::EnqueueWriteBuffer {
+                queue,
+                buffer,
+                offset: (off + o) as u64,
+                size: len as u64,
+                sync,
+            });
+            (data.get(o..o + len).unwrap_or(&[]).into(), make)
+        })
+        .collect();
+    post_pieces(q, n, list, ev, blocking != 0, pieces)
 }
 
 pub unsafe extern "C" fn rEnqueueReadBuffer(
@@ -1803,21 +2125,24 @@ pub unsafe extern "C" fn rEnqueueReadBuffer(
     ev: *mut cl_event,
 ) -> cl_int {
     let buffer = id_of(b.cast());
-    read(
-        q,
-        blocking,
-        n,
-        list,
-        ev,
-        Dest::Memory(ptr.cast(), size),
-        |queue, sync| Call::EnqueueReadBuffer {
-            queue,
-            buffer,
-            offset: off as u64,
-            size: size as u64,
-            sync,
-        },
-    )
+    let limit = match piece_limit(q) {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    let pieces = byte_pieces(size, limit)
+        .into_iter()
+        .map(|(o, len)| {
+            let make: MakeCall = Box::new(move |queue, sync| Call::EnqueueReadBuffer {
+                queue,
+                buffer,
+                offset: (off + o) as u64,
+                size: len as u64,
+                sync,
+            });
+            (Dest::Memory(ptr.cast::<u8>().wrapping_add(o), len), make)
+        })
+        .collect();
+    read_pieces(q, blocking, n, list, ev, pieces)
 }
 
 fn rect(origin: [usize; 3], region: [usize; 3], row: usize, slice: usize) -> Rect {
@@ -1846,16 +2171,31 @@ pub unsafe extern "C" fn rEnqueueWriteBufferRect(
     ev: *mut cl_event,
 ) -> cl_int {
     let (bo, ho, region) = (three(bo), three(ho), three(reg));
-    let data = pack(ptr, ho, region, hrow, hslice);
     let buffer = id_of(b.cast());
-    post_enqueue(q, n, list, ev, &data, blocking != 0, |queue, sync| {
-        Call::EnqueueWriteBufferRect {
-            queue,
-            buffer,
-            rect: rect(bo, region, brow, bslice),
-            sync,
-        }
-    })
+    let limit = match piece_limit(q) {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    let parts = region_pieces(region, 1, limit);
+    let ((brow, bslice), (hrow, hslice)) = if parts.len() > 1 {
+        (pitches(region, brow, bslice), pitches(region, hrow, hslice))
+    } else {
+        ((brow, bslice), (hrow, hslice))
+    };
+    let pieces = parts
+        .into_iter()
+        .map(|(o, r)| {
+            let data = pack(ptr, add3(ho, o), r, hrow, hslice);
+            let make: MakeCall = Box::new(move |queue, sync| Call::EnqueueWriteBufferRect {
+                queue,
+                buffer,
+                rect: rect(add3(bo, o), r, brow, bslice),
+                sync,
+            });
+            (data.into(), make)
+        })
+        .collect();
+    post_pieces(q, n, list, ev, blocking != 0, pieces)
 }
 
 pub unsafe extern "C" fn rEnqueueReadBufferRect(
@@ -1876,26 +2216,54 @@ pub unsafe extern "C" fn rEnqueueReadBufferRect(
 ) -> cl_int {
     let (bo, ho, region) = (three(bo), three(ho), three(reg));
     let buffer = id_of(b.cast());
-    read(
-        q,
-        blocking,
-        n,
-        list,
-        ev,
-        scatter(ptr, ho, region, hrow, hslice),
-        |queue, sync| Call::EnqueueReadBufferRect {
-            queue,
-            buffer,
-            rect: rect(bo, region, brow, bslice),
-            sync,
-        },
-    )
+    let limit = match piece_limit(q) {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    let parts = region_pieces(region, 1, limit);
+    let ((brow, bslice), (hrow, hslice)) = if parts.len() > 1 {
+        (pitches(region, brow, bslice), pitches(region, hrow, hslice))
+    } else {
+        ((brow, bslice), (hrow, hslice))
+    };
+    let pieces = parts
+        .into_iter()
+        .map(|(o, r)| {
+            let make: MakeCall = Box::new(move |queue, sync| Call::EnqueueReadBufferRect {
+                queue,
+                buffer,
+                rect: rect(add3(bo, o), r, brow, bslice),
+                sync,
+            });
+            (scatter(ptr, add3(ho, o), r, hrow, hslice), make)
+        })
+        .collect();
+    read_pieces(q, blocking, n, list, ev, pieces)
 }
 
 /// The image region in bytes per row, and the pixel size of the image.
 fn image_bytes(img: cl_mem, region: [usize; 3]) -> R<[usize; 3]> {
     let px = obj(img.cast())?.px.max(1);
     Ok([region[0] * px, region[1], region[2]])
+}
+
+/// An image transfer's pieces: (pixel offset, pixel region, host origin in
+/// bytes, host region in bytes), and the host pitches to use.
+fn image_pieces(
+    q: cl_command_queue,
+    img: cl_mem,
+    region: [usize; 3],
+    row: usize,
+    slc: usize,
+) -> R<(Vec<Piece>, usize, usize, usize)> {
+    let px = obj(img.cast())?.px.max(1);
+    let parts = region_pieces(region, px, piece_limit(q)?);
+    let (row, slc) = if parts.len() > 1 {
+        pitches(image_bytes(img, region)?, row, slc)
+    } else {
+        (row, slc)
+    };
+    Ok((parts, px, row, slc))
 }
 
 pub unsafe extern "C" fn rEnqueueWriteImage(
@@ -1912,21 +2280,32 @@ pub unsafe extern "C" fn rEnqueueWriteImage(
     ev: *mut cl_event,
 ) -> cl_int {
     let (o, region) = (three(origin), three(reg));
-    let bytes = match image_bytes(img, region) {
-        Ok(b) => b,
+    let (parts, px, row, slc) = match image_pieces(q, img, region, row, slc) {
+        Ok(p) => p,
         Err(e) => return e,
     };
-    let data = pack(ptr, [0; 3], bytes, row, slc);
     let image = id_of(img.cast());
-    post_enqueue(q, n, list, ev, &data, blocking != 0, |queue, sync| {
-        Call::EnqueueWriteImage {
-            queue,
-            image,
-            origin: u3(o),
-            region: u3(region),
-            sync,
-        }
-    })
+    let pieces = parts
+        .into_iter()
+        .map(|(at, r)| {
+            let data = pack(
+                ptr,
+                [at[0] * px, at[1], at[2]],
+                [r[0] * px, r[1], r[2]],
+                row,
+                slc,
+            );
+            let make: MakeCall = Box::new(move |queue, sync| Call::EnqueueWriteImage {
+                queue,
+                image,
+                origin: u3(add3(o, at)),
+                region: u3(r),
+                sync,
+            });
+            (data.into(), make)
+        })
+        .collect();
+    post_pieces(q, n, list, ev, blocking != 0, pieces)
 }
 
 pub unsafe extern "C" fn rEnqueueReadImage(
@@ -1943,26 +2322,34 @@ pub unsafe extern "C" fn rEnqueueReadImage(
     ev: *mut cl_event,
 ) -> cl_int {
     let (o, region) = (three(origin), three(reg));
-    let bytes = match image_bytes(img, region) {
-        Ok(b) => b,
+    let (parts, px, row, slc) = match image_pieces(q, img, region, row, slc) {
+        Ok(p) => p,
         Err(e) => return e,
     };
     let image = id_of(img.cast());
-    read(
-        q,
-        blocking,
-        n,
-        list,
-        ev,
-        scatter(ptr, [0; 3], bytes, row, slc),
-        |queue, sync| Call::EnqueueReadImage {
-            queue,
-            image,
-            origin: u3(o),
-            region: u3(region),
-            sync,
-        },
-    )
+    let pieces = parts
+        .into_iter()
+        .map(|(at, r)| {
+            let make: MakeCall = Box::new(move |queue, sync| Call::EnqueueReadImage {
+                queue,
+                image,
+                origin: u3(add3(o, at)),
+                region: u3(r),
+                sync,
+            });
+            (
+                scatter(
+                    ptr,
+                    [at[0] * px, at[1], at[2]],
+                    [r[0] * px, r[1], r[2]],
+                    row,
+                    slc,
+                ),
+                make,
+            )
+        })
+        .collect();
+    read_pieces(q, blocking, n, list, ev, pieces)
 }
 
 pub unsafe extern "C" fn rEnqueueFillBuffer(

@@ -54,6 +54,10 @@ pub struct RObj {
     /// For kernels: per argument index, the value last sent and the session's
     /// count of failed posted calls then (see `api::rSetKernelArg`).
     pub args: Mutex<Vec<Option<(KernelArg, u64)>>>,
+    /// For contexts and programs: their devices (object addresses), for
+    /// `CL_PROGRAM_DEVICES`, which the proxy does not answer (its value is
+    /// handles).
+    pub devs: Mutex<Vec<usize>>,
 }
 
 // SAFETY: the raw dispatch pointer refers to an immutable static; every other
@@ -79,6 +83,7 @@ impl RObj {
             out_of_order: Default::default(),
             after: Mutex::new(None),
             args: Mutex::new(Vec::new()),
+            devs: Mutex::new(Vec::new()),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live
@@ -86,6 +91,18 @@ impl RObj {
             .unwrap_or_else(|e| e.into_inner())
             .insert(p as usize);
         p
+    }
+}
+
+impl RObj {
+    /// The devices of a context or program.
+    pub fn devices_of(&self) -> Vec<usize> {
+        self.devs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records the devices of a context or program.
+    pub fn set_devices(&self, d: Vec<usize>) {
+        *self.devs.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 }
 

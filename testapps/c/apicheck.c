@@ -1,0 +1,196 @@
+/* apicheck: OpenCL API behaviour that remoting must keep as the vendor has
+ * it, each part checked against the specification and a host model:
+ *   - CL_PROGRAM_DEVICES names the program's devices;
+ *   - transfers, maps and initial contents of several MiB (larger than a
+ *     frame of a crane-proxy started with a small --max-payload), blocking
+ *     and not, on in-order and out-of-order queues, buffers, rects and
+ *     images, and a CL_MEM_HOST_NO_ACCESS buffer made from host memory.
+ * Every part prints one line; `--iters` repeats the transfers. */
+#include "common.h"
+
+#define BIG ((size_t)3 * 1024 * 1024 + 12345)
+
+static void fill_pattern(unsigned char *p, size_t n, uint32_t seed)
+{
+    uint32_t s = seed | 1;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)rng_next(&s);
+}
+
+static void expect_same(const void *got, const void *want, size_t n, const char *what)
+{
+    if (memcmp(got, want, n) != 0)
+        fail(what);
+    hash_bytes(got, n);
+}
+
+static void program_devices(cl_context ctx, cl_device_id dev)
+{
+    const char *src = "__kernel void k(__global int *p) { p[0] = 1; }";
+    cl_int err;
+    cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+    CKE(err, "clCreateProgramWithSource");
+    size_t n = 0;
+    CK(clGetProgramInfo(prog, CL_PROGRAM_DEVICES, 0, NULL, &n));
+    if (n != sizeof(cl_device_id))
+        fail("CL_PROGRAM_DEVICES size");
+    cl_device_id d = NULL;
+    CK(clGetProgramInfo(prog, CL_PROGRAM_DEVICES, sizeof d, &d, NULL));
+    if (d != dev)
+        fail("CL_PROGRAM_DEVICES names another device");
+    cl_uint num = 0;
+    CK(clGetProgramInfo(prog, CL_PROGRAM_NUM_DEVICES, sizeof num, &num, NULL));
+    printf("apicheck: program devices %zu, num %u, same device\n", n / sizeof d, num);
+    CK(clReleaseProgram(prog));
+}
+
+static void big_buffers(cl_context ctx, cl_device_id dev, int iter)
+{
+    cl_int err;
+    unsigned char *a = xmalloc(BIG), *b = xmalloc(BIG), *got = xmalloc(BIG);
+    fill_pattern(a, BIG, 11u + (uint32_t)iter);
+    fill_pattern(b, BIG, 97u + (uint32_t)iter);
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+    CKE(err, "clCreateCommandQueue");
+
+    /* Initial contents larger than a frame. */
+    cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, BIG, a, &err);
+    CKE(err, "clCreateBuffer");
+    memset(got, 0, BIG);
+    CK(clEnqueueReadBuffer(q, m, CL_TRUE, 0, BIG, got, 0, NULL, NULL));
+    expect_same(got, a, BIG, "big COPY_HOST_PTR buffer read back");
+
+    /* The same for a buffer the host may not access: copied out on the device. */
+    cl_mem hidden = clCreateBuffer(ctx, CL_MEM_HOST_NO_ACCESS | CL_MEM_COPY_HOST_PTR, BIG, b, &err);
+    CKE(err, "clCreateBuffer");
+    CK(clEnqueueCopyBuffer(q, hidden, m, 0, 0, BIG, 0, NULL, NULL));
+    memset(got, 0, BIG);
+    CK(clEnqueueReadBuffer(q, m, CL_TRUE, 0, BIG, got, 0, NULL, NULL));
+    expect_same(got, b, BIG, "big HOST_NO_ACCESS buffer copied out");
+
+    /* Non-blocking write and read with events. */
+    cl_event we, re;
+    CK(clEnqueueWriteBuffer(q, m, CL_FALSE, 0, BIG, a, 0, NULL, &we));
+    memset(got, 0, BIG);
+    CK(clEnqueueReadBuffer(q, m, CL_FALSE, 0, BIG, got, 1, &we, &re));
+    CK(clWaitForEvents(1, &re));
+    cl_int st = 1;
+    CK(clGetEventInfo(re, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof st, &st, NULL));
+    if (st != CL_COMPLETE)
+        fail("non-blocking big read not complete after its wait");
+    expect_same(got, a, BIG, "non-blocking big write and read");
+    CK(clReleaseEvent(we));
+    CK(clReleaseEvent(re));
+
+    /* An out-of-order queue: the read waits for the write's event only. */
+    cl_command_queue oq = clCreateCommandQueue(ctx, dev, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    if (err == CL_SUCCESS) {
+        CK(clEnqueueWriteBuffer(oq, m, CL_FALSE, 0, BIG, b, 0, NULL, &we));
+        memset(got, 0, BIG);
+        CK(clEnqueueReadBuffer(oq, m, CL_FALSE, 0, BIG, got, 1, &we, &re));
+        CK(clWaitForEvents(1, &re));
+        expect_same(got, b, BIG, "out-of-order big write and read");
+        CK(clReleaseEvent(we));
+        CK(clReleaseEvent(re));
+        CK(clReleaseCommandQueue(oq));
+        printf("apicheck: out-of-order big transfers ok\n");
+    } else {
+        printf("apicheck: no out-of-order queue\n");
+    }
+
+    /* A map of the whole buffer, written and read back. */
+    unsigned char *p = clEnqueueMapBuffer(q, m, CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0, BIG, 0, NULL, NULL, &err);
+    CKE(err, "clEnqueueMapBuffer");
+    expect_same(p, b, BIG, "big map read");
+    memcpy(p, a, BIG);
+    CK(clEnqueueUnmapMemObject(q, m, p, 0, NULL, NULL));
+    memset(got, 0, BIG);
+    CK(clEnqueueReadBuffer(q, m, CL_TRUE, 0, BIG, got, 0, NULL, NULL));
+    expect_same(got, a, BIG, "big map written back");
+
+    /* Rects: rows longer than a frame, and many short rows. */
+    size_t bo[3] = {3, 0, 0}, ho[3] = {5, 0, 0};
+    size_t long_rows[3] = {(BIG - 64) / 2, 2, 1};
+    size_t pitch = BIG / 2;
+    memset(got, 0, BIG);
+    CK(clEnqueueReadBufferRect(q, m, CL_TRUE, bo, ho, long_rows, pitch, 0, pitch, 0, got, 0, NULL, NULL));
+    for (size_t y = 0; y < 2; y++)
+        expect_same(got + 5 + y * pitch, a + 3 + y * pitch, long_rows[0], "rect read, long rows");
+    size_t many[3] = {1000, 1500, 2};
+    size_t bo2[3] = {7, 2, 0};
+    CK(clEnqueueWriteBufferRect(q, m, CL_TRUE, bo2, ho, many, 1024, 1024 * 1536, 1000, 0, b, 0, NULL, NULL));
+    CK(clEnqueueReadBuffer(q, m, CL_TRUE, 0, BIG, got, 0, NULL, NULL));
+    for (size_t z = 0; z < 2; z++)
+        for (size_t y = 0; y < 1500; y++)
+            if (memcmp(got + 7 + (2 + y) * 1024 + z * 1024 * 1536, b + 5 + y * 1000 + z * 1000 * 1500, 1000) != 0)
+                fail("rect write, many rows");
+    hash_bytes(got, BIG);
+
+    CK(clReleaseMemObject(hidden));
+    CK(clReleaseMemObject(m));
+    CK(clReleaseCommandQueue(q));
+    free(a);
+    free(b);
+    free(got);
+    printf("apicheck: big buffers ok\n");
+}
+
+static void big_images(cl_context ctx, cl_device_id dev, int iter)
+{
+    cl_bool images = CL_FALSE;
+    CK(clGetDeviceInfo(dev, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL));
+    if (!images) {
+        printf("SKIP apicheck/images no image support\n");
+        return;
+    }
+    const size_t w = 1100, h = 900, n = w * h * 4;
+    cl_int err;
+    unsigned char *a = xmalloc(n), *got = xmalloc(n);
+    fill_pattern(a, n, 5u + (uint32_t)iter);
+    cl_image_format f = {CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc d;
+    memset(&d, 0, sizeof d);
+    d.image_type = CL_MEM_OBJECT_IMAGE2D;
+    d.image_width = w;
+    d.image_height = h;
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+    CKE(err, "clCreateCommandQueue");
+    cl_mem img = clCreateImage(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, &f, &d, a, &err);
+    CKE(err, "clCreateImage");
+    size_t o[3] = {0, 0, 0}, r[3] = {w, h, 1};
+    memset(got, 0, n);
+    CK(clEnqueueReadImage(q, img, CL_TRUE, o, r, 0, 0, got, 0, NULL, NULL));
+    expect_same(got, a, n, "big image made from host memory");
+    for (size_t i = 0; i < n; i++)
+        a[i] = (unsigned char)(a[i] ^ 0x5a);
+    CK(clEnqueueWriteImage(q, img, CL_FALSE, o, r, 0, 0, a, 0, NULL, NULL));
+    memset(got, 0, n);
+    cl_event e;
+    CK(clEnqueueReadImage(q, img, CL_FALSE, o, r, 0, 0, got, 0, NULL, &e));
+    CK(clWaitForEvents(1, &e));
+    CK(clReleaseEvent(e));
+    expect_same(got, a, n, "big image written and read");
+    CK(clReleaseMemObject(img));
+    CK(clReleaseCommandQueue(q));
+    free(a);
+    free(got);
+    printf("apicheck: big images ok\n");
+}
+
+int main(int argc, char **argv)
+{
+    g_prog = "apicheck";
+    int iters = parse_iters(argc, argv, 2);
+    cl_platform_id plat;
+    cl_device_id dev;
+    pick_device(&plat, &dev);
+    cl_context ctx = make_context(plat, dev);
+    program_devices(ctx, dev);
+    for (int i = 0; i < iters; i++) {
+        big_buffers(ctx, dev, i);
+        big_images(ctx, dev, i);
+    }
+    CK(clReleaseContext(ctx));
+    print_result();
+    return 0;
+}
