@@ -217,12 +217,48 @@ fn ocl_icd_vendors(v: &std::ffi::OsStr) -> Vec<String> {
     }
 }
 
+/// The system's ICD directory, which ocl-icd reads unless `OCL_ICD_VENDORS`
+/// names another.
+const SYSTEM_VENDORS: &str = "/etc/OpenCL/vendors";
+
+/// Behind a loader with no `CRANE_VENDORS_DIR`: the vendors of the system
+/// directory `system`, unless the loader reads that directory itself (no
+/// `OCL_ICD_VENDORS`, or that directory), less those it loads itself from
+/// `OCL_ICD_VENDORS` and `OCL_ICD_FILENAMES`. So a loader pointed at a folder
+/// holding only crane's `.icd` still sees the system's vendors, through
+/// crane, and none twice.
+fn beside_loader(
+    vendors: Option<std::ffi::OsString>,
+    filenames: Option<String>,
+    system: &Path,
+) -> Vec<String> {
+    let Some(v) = vendors else {
+        return Vec::new();
+    };
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(Path::new(&v), system) {
+        return Vec::new();
+    }
+    let mut loaders_own = ocl_icd_vendors(&v);
+    if let Some(f) = filenames {
+        loaders_own.extend(f.split(':').map(str::to_string));
+    }
+    icd_dir(system)
+        .into_iter()
+        .filter(|lib| !loaders_own.contains(lib))
+        .collect()
+}
+
 /// The vendor libraries to wrap, crane's own entry skipped:
 /// * `CRANE_VENDOR`, if set;
 /// * in ICD mode (`behind_icd_loader`), the ICD files in `CRANE_VENDORS_DIR`
 ///   only: the loader itself loads those in its own directory and in
 ///   `OCL_ICD_FILENAMES`, and wrapping them as well would show each vendor
-///   twice (see `cranectl install-icd`);
+///   twice (see `cranectl install-icd`); if that directory does not exist,
+///   the system directory's vendors the loader does not load (`beside_loader`);
 /// * otherwise crane is the process's OpenCL library and finds vendors as the
 ///   ocl-icd loader would: `OCL_ICD_FILENAMES`, else `OCL_ICD_VENDORS` (or the
 ///   ICD files in /etc/OpenCL/vendors), then `CRANE_VENDORS_DIR`.
@@ -234,11 +270,23 @@ pub fn discover() -> Vec<PathBuf> {
     if let Some(v) = &cfg.vendor_override {
         found.extend(v.split(':').map(str::to_string));
     } else if behind_icd_loader() {
-        debug!(
-            "loaded by an ICD loader: wrapping the vendors in {}",
-            cfg.vendors_dir.display()
-        );
-        found = icd_dir(&cfg.vendors_dir);
+        if cfg.vendors_dir.is_dir() {
+            debug!(
+                "loaded by an ICD loader: wrapping the vendors in {}",
+                cfg.vendors_dir.display()
+            );
+            found = icd_dir(&cfg.vendors_dir);
+        } else {
+            found = beside_loader(
+                std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty()),
+                std::env::var("OCL_ICD_FILENAMES").ok(),
+                Path::new(SYSTEM_VENDORS),
+            );
+            debug!(
+                "loaded by an ICD loader, {} missing: wrapping {found:?} from {SYSTEM_VENDORS}",
+                cfg.vendors_dir.display()
+            );
+        }
     } else {
         if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
             found.extend(v.split(':').filter(|s| keep(s)).map(str::to_string));
@@ -246,7 +294,7 @@ pub fn discover() -> Vec<PathBuf> {
         if found.is_empty() {
             found = match std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty()) {
                 Some(v) => ocl_icd_vendors(&v),
-                None => icd_dir(Path::new("/etc/OpenCL/vendors")),
+                None => icd_dir(Path::new(SYSTEM_VENDORS)),
             };
             found.extend(icd_dir(&cfg.vendors_dir));
         }

@@ -185,3 +185,33 @@ fn icd_mode_shows_each_platform_once_and_uninstall_restores() {
     assert_eq!(IcdDirs::icd_names(&dirs.vendors), moved);
     assert!(!dirs.crane.exists());
 }
+
+/// As an ICD whose loader reads a folder holding only crane's `.icd`, with no
+/// `CRANE_VENDORS_DIR` (the installer never ran), crane wraps the vendors of
+/// /etc/OpenCL/vendors itself: the application sees the native platforms,
+/// through crane, instead of none.
+#[test]
+fn icd_without_vendors_dir_wraps_the_system_vendors() {
+    let native = platform_lines(Command::new("clinfo"));
+    assert!(!native.is_empty(), "no OpenCL platform natively");
+
+    let scratch = scratch("icd-system-vendors");
+    let root = scratch.path();
+    let loader_dir = root.join("loader");
+    std::fs::create_dir_all(&loader_dir).unwrap();
+    std::fs::write(
+        loader_dir.join("crane.icd"),
+        format!("{}\n", library().display()),
+    )
+    .unwrap();
+    let run_dir = root.join("run");
+    let mut cmd = Command::new("clinfo");
+    cmd.env("OCL_ICD_VENDORS", &loader_dir)
+        .env("CRANE_VENDORS_DIR", root.join("does-not-exist"))
+        .env("CRANE_RUN_DIR", &run_dir);
+    assert_eq!(platform_lines(cmd), native);
+    assert!(
+        run_dir.join("apps").exists(),
+        "crane did not run inside clinfo"
+    );
+}
