@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's build, test and demo driver.
 //!
 //! * `cargo xtask test` — everything CI runs: formatting, clippy, unit and
-//!   integration tests (the OpenCL corpus on PoCL), then the end-to-end tier on
+//!   integration tests (the OpenCL corpus on PoCL), the conformance subset
+//!   (`conformance --ci`), then the end-to-end tier on
 //!   emulated Xen hosts (skipped, loudly, where this machine cannot run it;
 //!   `CRANE_REQUIRE_E2E=1` makes that an error).
 //! * `cargo xtask demo [--hosts 2] [--app PATH [-- ARGS]]` — on emulated Xen
@@ -20,6 +21,10 @@
 //!   loader's and crane's own costs, free of a real vendor's noise).
 //! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
+//! * `cargo xtask conformance [--modes ...] [--ci] [SUITE[:SUBTEST,...]...]` —
+//!   the Khronos OpenCL CTS natively and through crane in each mode
+//!   (passthrough, suspend/resume cycles, remote, remote/local switches); fails
+//!   on any sub-test whose outcome differs from native (docs/conformance.md).
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
 //! * `cargo xtask proxy-image [--nvidia DIR] ...` — the proxy domain's image for a
 //!   real host, with PoCL or NVIDIA's driver (docs/operations.md).
@@ -30,6 +35,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use crane_test_vms::tier::{self, Readiness};
+
+mod conformance;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -133,8 +140,25 @@ fn test() -> Result<()> {
     run(cargo()
         .args(["test", "--workspace"])
         .env_remove(tier::E2E_ENV))?;
+    // The conformance tier: the Khronos CTS subset that fits CI, natively and
+    // through crane in every mode, on the debug builds made above.
+    {
+        use clap::Parser;
+        let debug = root().join("target/debug");
+        let lib = debug.join("libcrane_opencl.so");
+        let proxy = debug.join("crane-proxy");
+        let args = conformance::Args::parse_from([
+            "conformance".as_ref(),
+            "--ci".as_ref(),
+            "--lib".as_ref(),
+            lib.as_os_str(),
+            "--proxy".as_ref(),
+            proxy.as_os_str(),
+        ]);
+        conformance::main(args, &root(), |_| unreachable!("both binaries are given"))?;
+    }
     eprintln!(
-        "xtask: unit and integration tiers passed in {:.0} s; now the end-to-end tier",
+        "xtask: unit, integration and conformance tiers passed in {:.0} s; now the end-to-end tier",
         t.elapsed().as_secs_f64()
     );
     let waiting = Instant::now();
@@ -639,6 +663,21 @@ fn bench_remote(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Builds the interposer and crane-proxy for `conformance`, returning their paths.
+fn build_for_conformance(release: bool) -> Result<(PathBuf, PathBuf)> {
+    ensure_packages()?;
+    let mut c = cargo();
+    c.args(["build", "-p", "crane-opencl", "-p", "crane-proxy"]);
+    if release {
+        c.arg("--release");
+    }
+    run(&mut c)?;
+    let dir = root()
+        .join("target")
+        .join(if release { "release" } else { "debug" });
+    Ok((dir.join("libcrane_opencl.so"), dir.join("crane-proxy")))
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -648,8 +687,17 @@ fn main() -> Result<()> {
         Some("bench-remote") => bench_remote(&args[1..]),
         Some("testbed") => crane_test_vms::cli(&args[1..]),
         Some("proxy-image") => crane_test_vms::proxy_image::cli(&args[1..]),
+        Some("conformance") => {
+            use clap::Parser;
+            let a = conformance::Args::parse_from(
+                std::iter::once("cargo xtask conformance".to_string())
+                    .chain(args[1..].iter().cloned()),
+            );
+            conformance::main(a, &root(), build_for_conformance)
+        }
         other => bail!(
-            "unknown xtask command {other:?}; try test, demo, bench, bench-remote, testbed or proxy-image"
+            "unknown xtask command {other:?}; try test, demo, bench, bench-remote, testbed, \
+             proxy-image or conformance"
         ),
     }
 }
