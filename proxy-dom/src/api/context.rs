@@ -103,6 +103,7 @@ impl Session {
         self.create(id, Kind::Queue, |s| {
             let ctx = s.objects.handle(context, Kind::Context)?;
             let dev = s.objects.handle(device, Kind::Device)?;
+            check_device_queue(dev, props)?;
             let mut err = CL_SUCCESS;
             let h = match vfn!(ctx.get(), clCreateCommandQueueWithProperties) {
                 Ok(f) => {
@@ -135,4 +136,48 @@ impl Session {
             Ok((made(h, err)?, Detail::Plain))
         })
     }
+}
+
+/// Refuses, with the specification's codes, device-side queue properties the
+/// device cannot have: PoCL aborts the whole process when asked for a
+/// device-side queue, so a client must not reach it with one.
+/// "CL_INVALID_VALUE if values specified in properties are not valid";
+/// "CL_INVALID_QUEUE_PROPERTIES if values specified in properties are valid
+/// but are not supported by the device".
+fn check_device_queue(dev: VPtr, props: &[u64]) -> CallResult {
+    let mut qp = 0u64;
+    let mut size = false;
+    for pair in props.chunks(2) {
+        match pair {
+            [k, v] if *k == u64::from(CL_QUEUE_PROPERTIES) => qp = *v,
+            [k, _] if *k == u64::from(CL_QUEUE_SIZE) => size = true,
+            _ => {}
+        }
+    }
+    let on_device = qp & CL_QUEUE_ON_DEVICE != 0;
+    if (qp & CL_QUEUE_ON_DEVICE_DEFAULT != 0 || size) && !on_device {
+        return Err(CallError::Cl(CL_INVALID_VALUE));
+    }
+    if !on_device {
+        return Ok(());
+    }
+    if qp & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0 {
+        return Err(CallError::Cl(CL_INVALID_VALUE));
+    }
+    let mut max: cl_uint = 0;
+    let f = vfn!(dev.get(), clGetDeviceInfo)?;
+    // SAFETY: a live device and room for the cl_uint value.
+    let rc = unsafe {
+        f(
+            dev.get().cast(),
+            CL_DEVICE_QUEUE_ON_DEVICE_MAX_SIZE,
+            std::mem::size_of::<cl_uint>(),
+            (&raw mut max).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    if rc != CL_SUCCESS || max == 0 {
+        return Err(CallError::Cl(CL_INVALID_QUEUE_PROPERTIES));
+    }
+    Ok(())
 }
