@@ -4,7 +4,11 @@
  *   - transfers, maps and initial contents of several MiB (larger than a
  *     frame of a crane-proxy started with a small --max-payload), blocking
  *     and not, on in-order and out-of-order queues, buffers, rects and
- *     images, and a CL_MEM_HOST_NO_ACCESS buffer made from host memory.
+ *     images, and a CL_MEM_HOST_NO_ACCESS buffer made from host memory;
+ *   - creation errors come back from the creating call itself, including a
+ *     device-side queue the device cannot have;
+ *   - CL_*_PROPERTIES queries answer the list the object was made with;
+ *   - a kernel launch with a NULL global size (no work-items) succeeds.
  * Every part prints one line; `--iters` repeats the transfers. */
 #include "common.h"
 
@@ -42,6 +46,58 @@ static void program_devices(cl_context ctx, cl_device_id dev)
     CK(clGetProgramInfo(prog, CL_PROGRAM_NUM_DEVICES, sizeof num, &num, NULL));
     printf("apicheck: program devices %zu, num %u, same device\n", n / sizeof d, num);
     CK(clReleaseProgram(prog));
+}
+
+static void errors_and_properties(cl_platform_id plat, cl_context ctx, cl_device_id dev)
+{
+    cl_int err = CL_SUCCESS;
+    cl_command_queue bad = clCreateCommandQueue(ctx, dev, (cl_command_queue_properties)-1, &err);
+    printf("apicheck: clCreateCommandQueue(all bits) %d %s\n", (int)err, bad ? "object" : "NULL");
+    if (bad)
+        CK(clReleaseCommandQueue(bad));
+    err = CL_SUCCESS;
+    cl_mem none = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 0, NULL, &err);
+    printf("apicheck: clCreateBuffer(size 0) %d %s\n", (int)err, none ? "object" : "NULL");
+    if (none)
+        CK(clReleaseMemObject(none));
+
+    size_t n = 99;
+    cl_sampler smp = clCreateSampler(ctx, CL_FALSE, CL_ADDRESS_CLAMP, CL_FILTER_NEAREST, &err);
+    CKE(err, "clCreateSampler");
+    CK(clGetSamplerInfo(smp, CL_SAMPLER_PROPERTIES, 0, NULL, &n));
+    printf("apicheck: CL_SAMPLER_PROPERTIES of clCreateSampler: %zu bytes\n", n);
+    CK(clReleaseSampler(smp));
+    if (platform_version(plat) >= 30) {
+        cl_mem_properties mp[] = {0};
+        cl_mem m = clCreateBufferWithProperties(ctx, mp, CL_MEM_READ_WRITE, 64, NULL, &err);
+        CKE(err, "clCreateBufferWithProperties");
+        n = 99;
+        CK(clGetMemObjectInfo(m, CL_MEM_PROPERTIES, 0, NULL, &n));
+        printf("apicheck: CL_MEM_PROPERTIES of an empty list: %zu bytes\n", n);
+        CK(clReleaseMemObject(m));
+        m = make_buffer(ctx, CL_MEM_READ_WRITE, 64, NULL);
+        n = 99;
+        CK(clGetMemObjectInfo(m, CL_MEM_PROPERTIES, 0, NULL, &n));
+        printf("apicheck: CL_MEM_PROPERTIES of clCreateBuffer: %zu bytes\n", n);
+        cl_queue_properties qp[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+        cl_command_queue q = clCreateCommandQueueWithProperties(ctx, dev, qp, &err);
+        CKE(err, "clCreateCommandQueueWithProperties");
+        cl_queue_properties got[4] = {0};
+        CK(clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES_ARRAY, sizeof got, got, &n));
+        printf("apicheck: CL_QUEUE_PROPERTIES_ARRAY %zu bytes, %llx %llx\n", n,
+               (unsigned long long)got[0], (unsigned long long)got[1]);
+        const char *src = "__kernel void k(__global int *p) { p[get_global_id(0)] = 7; }";
+        cl_program prog = build_source(ctx, dev, src, NULL);
+        cl_kernel k = make_kernel(prog, "k");
+        CK(clSetKernelArg(k, 0, sizeof m, &m));
+        err = clEnqueueNDRangeKernel(q, k, 1, NULL, NULL, NULL, 0, NULL, NULL);
+        printf("apicheck: NDRange with a NULL global size %d\n", (int)err);
+        CK(clFinish(q));
+        CK(clReleaseKernel(k));
+        CK(clReleaseProgram(prog));
+        CK(clReleaseCommandQueue(q));
+        CK(clReleaseMemObject(m));
+    }
 }
 
 static void big_buffers(cl_context ctx, cl_device_id dev, int iter)
@@ -177,15 +233,41 @@ static void big_images(cl_context ctx, cl_device_id dev, int iter)
     printf("apicheck: big images ok\n");
 }
 
+/* `--device-queue`: asks for a device-side queue the device may not have
+ * and prints the error (PoCL aborts the process instead: under crane remote
+ * the proxy must refuse it and live on). */
+static void device_queue(cl_context ctx, cl_device_id dev)
+{
+    cl_int err = CL_SUCCESS;
+    cl_queue_properties qp[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_ON_DEVICE | CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, 0};
+    cl_command_queue q = clCreateCommandQueueWithProperties(ctx, dev, qp, &err);
+    printf("apicheck: device-side queue %d %s\n", (int)err, q ? "object" : "NULL");
+    if (q)
+        CK(clReleaseCommandQueue(q));
+    qp[1] = CL_QUEUE_ON_DEVICE;
+    q = clCreateCommandQueueWithProperties(ctx, dev, qp, &err);
+    printf("apicheck: device-side in-order queue %d %s\n", (int)err, q ? "object" : "NULL");
+    if (q)
+        CK(clReleaseCommandQueue(q));
+}
+
 int main(int argc, char **argv)
 {
     g_prog = "apicheck";
-    int iters = parse_iters(argc, argv, 2);
+    int dq = argc > 1 && strcmp(argv[1], "--device-queue") == 0;
+    int iters = dq ? 1 : parse_iters(argc, argv, 2);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
     cl_context ctx = make_context(plat, dev);
+    if (dq) {
+        device_queue(ctx, dev);
+        CK(clReleaseContext(ctx));
+        print_result();
+        return 0;
+    }
     program_devices(ctx, dev);
+    errors_and_properties(plat, ctx, dev);
     for (int i = 0; i < iters; i++) {
         big_buffers(ctx, dev, i);
         big_images(ctx, dev, i);

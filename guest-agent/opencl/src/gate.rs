@@ -330,6 +330,11 @@ pub fn shut(state: u32, deadline: Instant) -> Result<(), usize> {
     }
 }
 
+/// Whether application calls pass (neither quiescing nor closed).
+pub fn is_open() -> bool {
+    STATE.load(Ordering::Acquire) == OPEN
+}
+
 pub fn open() {
     init();
     let _g = WAKE.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -635,3 +635,36 @@ fn api_checks_and_transfers_larger_than_a_frame() {
     same_as_native_remote("apicheck", &["--iters", "2"], &proxy, "abc");
     assert!(!proxy.log().contains("exceeds"), "{}", proxy.log());
 }
+
+/// PoCL aborts the process asked for a device-side queue; the proxy refuses
+/// one the device cannot have with the specification's codes, returned by
+/// the creating call, and serves the next session.
+#[test]
+fn a_device_side_queue_is_refused_and_the_proxy_lives_on() {
+    let proxy = Proxy::start("devqueue", false, &[("abc", "t")]);
+    let run = || {
+        Command::new(apps().join("apicheck"))
+            .arg("--device-queue")
+            .env("LD_PRELOAD", library())
+            .env("CRANE_CONTROL", "0")
+            .env("CRANE_MODE", "remote")
+            .env("CRANE_PROXY", &proxy.addr)
+            .env("CRANE_PROXY_TOKEN", "abc")
+            .output()
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let out = run();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("device-side queue -35 NULL"), "{stdout}");
+        assert!(
+            stdout.contains("device-side in-order queue -30 NULL"),
+            "{stdout}"
+        );
+    }
+}

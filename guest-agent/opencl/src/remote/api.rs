@@ -45,6 +45,14 @@ fn guard_obj(err: *mut cl_int, f: impl FnOnce() -> R<*mut c_void>) -> *mut c_voi
     p
 }
 
+/// Sends the creation of object `id`; an application's creation fails at
+/// once with the proxy's error, and the failed id is given back.
+fn created(s: &Arc<Session>, id: Id, call: &Call, payload: &[u8]) -> R<()> {
+    s.post_checked(call, payload).inspect_err(|_| {
+        let _ = s.post(&Call::Release { id }, &[], false);
+    })
+}
+
 fn sess<'a>(p: *mut c_void) -> R<&'a Arc<Session>> {
     Ok(&obj(p)?.session)
 }
@@ -106,6 +114,37 @@ fn props<T: Prop>(p: *const T, object_keys: &[u64]) -> Vec<u64> {
         i += 2;
     }
     out
+}
+
+/// A property list as the application gave it, with its terminating 0
+/// (empty for NULL).
+fn raw_props<T: Prop>(p: *const T) -> Vec<u64> {
+    if p.is_null() {
+        return Vec::new();
+    }
+    let mut v = props(p, &[]);
+    v.push(0);
+    v
+}
+
+/// Records the application's property list of a new object.
+fn keep_props(o: *mut c_void, list: Vec<u64>) -> R<*mut c_void> {
+    *obj(o)?.app_props.lock().unwrap_or_else(|e| e.into_inner()) = Some(list);
+    Ok(o)
+}
+
+/// Answers a `CL_*_PROPERTIES` query from the list the object was made
+/// with, if known; None: ask the proxy.
+fn props_info(o: *mut c_void, size: usize, value: *mut c_void, ret: *mut usize) -> Option<cl_int> {
+    let list = obj(o)
+        .ok()?
+        .app_props
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()?;
+    Some(guard(|| {
+        write_info(crate::entry::bytes_of_slice(&list), size, value, ret)
+    }))
 }
 
 /// Makes the output event of an enqueue, if the caller wants one.
@@ -543,7 +582,7 @@ pub unsafe extern "C" fn rCreateContext(
             props: props(p, &[CL_CONTEXT_PLATFORM as u64]),
             devices: ids(devs, n),
         };
-        s.post(&call, &[], false)?;
+        created(s, id, &call, &[])?;
         let c = RObj::create(s, id, 0);
         obj(c)?.set_devices(dev_list(devs, n));
         Ok(c)
@@ -614,12 +653,15 @@ fn create_queue(
     c: cl_context,
     d: cl_device_id,
     props: Vec<u64>,
+    app: Vec<u64>,
     err: *mut cl_int,
 ) -> cl_command_queue {
     guard_obj(err, || {
         let s = sess(c.cast())?;
         let id = s.new_id();
-        s.post(
+        created(
+            s,
+            id,
             &Call::CreateQueue {
                 id,
                 context: id_of(c.cast()),
@@ -627,7 +669,6 @@ fn create_queue(
                 props: props.clone(),
             },
             &[],
-            false,
         )?;
         let q = RObj::create(s, id, 0);
         let ooo = props.chunks(2).any(|kv| {
@@ -637,7 +678,7 @@ fn create_queue(
                     .is_some_and(|v| v & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0)
         });
         obj(q)?.out_of_order.store(ooo, Ordering::Relaxed);
-        Ok(q)
+        keep_props(q, app)
     })
     .cast()
 }
@@ -648,12 +689,23 @@ pub unsafe extern "C" fn rCreateCommandQueue(
     p: cl_command_queue_properties,
     err: *mut cl_int,
 ) -> cl_command_queue {
+    // "CL_INVALID_VALUE if values specified in properties are not valid"
+    // (the proxy makes every queue with properties, where unknown bits may
+    // mean something else).
+    let known = CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE
+        | CL_QUEUE_PROFILING_ENABLE
+        | CL_QUEUE_ON_DEVICE
+        | CL_QUEUE_ON_DEVICE_DEFAULT;
+    if p & !known != 0 {
+        crate::entry::put(err, CL_INVALID_VALUE);
+        return std::ptr::null_mut();
+    }
     let props = if p == 0 {
         Vec::new()
     } else {
         vec![CL_QUEUE_PROPERTIES as u64, p]
     };
-    create_queue(c, d, props, err)
+    create_queue(c, d, props, Vec::new(), err)
 }
 
 pub unsafe extern "C" fn rCreateCommandQueueWithProperties(
@@ -662,7 +714,7 @@ pub unsafe extern "C" fn rCreateCommandQueueWithProperties(
     p: *const cl_queue_properties,
     err: *mut cl_int,
 ) -> cl_command_queue {
-    create_queue(c, d, props(p, &[]), err)
+    create_queue(c, d, props(p, &[]), raw_props(p), err)
 }
 
 pub unsafe extern "C" fn rGetCommandQueueInfo(
@@ -672,6 +724,11 @@ pub unsafe extern "C" fn rGetCommandQueueInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
+    if param == CL_QUEUE_PROPERTIES_ARRAY
+        && let Some(rc) = props_info(q.cast(), size, value, ret)
+    {
+        return rc;
+    }
     info(q.cast(), InfoKind::Queue, param, size, value, ret)
 }
 
@@ -709,6 +766,7 @@ fn create_buffer(
     size: usize,
     host: *mut c_void,
     with_props: bool,
+    app: Vec<u64>,
     err: *mut cl_int,
 ) -> cl_mem {
     guard_obj(err, || {
@@ -734,13 +792,13 @@ fn create_buffer(
             props: if with_props { p } else { Vec::new() },
             init: init && !large,
         };
-        s.post(&call, if large { &[] } else { payload }, false)?;
+        created(s, id, &call, if large { &[] } else { payload })?;
         let m = RObj::create(s, id, 0);
         if large && let Err(e) = fill_large(s, c, id, flags, payload, None) {
             super::release(m);
             return Err(e);
         }
-        Ok(m)
+        keep_props(m, app)
     })
     .cast()
 }
@@ -837,7 +895,7 @@ pub unsafe extern "C" fn rCreateBuffer(
     host: *mut c_void,
     err: *mut cl_int,
 ) -> cl_mem {
-    create_buffer(c, Vec::new(), flags, size, host, false, err)
+    create_buffer(c, Vec::new(), flags, size, host, false, Vec::new(), err)
 }
 
 pub unsafe extern "C" fn rCreateBufferWithProperties(
@@ -848,7 +906,7 @@ pub unsafe extern "C" fn rCreateBufferWithProperties(
     host: *mut c_void,
     err: *mut cl_int,
 ) -> cl_mem {
-    create_buffer(c, props(p, &[]), flags, size, host, true, err)
+    create_buffer(c, props(p, &[]), flags, size, host, true, raw_props(p), err)
 }
 
 pub unsafe extern "C" fn rCreateSubBuffer(
@@ -866,7 +924,9 @@ pub unsafe extern "C" fn rCreateSubBuffer(
         let region = unsafe { *(info as *const cl_buffer_region) };
         let s = sess(b.cast())?;
         let id = s.new_id();
-        s.post(
+        created(
+            s,
+            id,
             &Call::CreateSubBuffer {
                 id,
                 parent: id_of(b.cast()),
@@ -875,7 +935,6 @@ pub unsafe extern "C" fn rCreateSubBuffer(
                 size: region.size as u64,
             },
             &[],
-            false,
         )?;
         Ok(RObj::create(s, id, 0))
     })
@@ -889,6 +948,7 @@ fn create_image(
     fmt: *const cl_image_format,
     desc: *const cl_image_desc,
     host: *mut c_void,
+    app: Vec<u64>,
     err: *mut cl_int,
 ) -> cl_mem {
     guard_obj(err, || {
@@ -943,13 +1003,13 @@ fn create_image(
             props: p,
             init: init && !large,
         };
-        s.post(&call, if large { &[] } else { &payload }, false)?;
+        created(s, id, &call, if large { &[] } else { &payload })?;
         let m = RObj::create(s, id, px);
         if large && let Err(e) = fill_large(s, c, id, flags, &payload, Some(region)) {
             super::release(m);
             return Err(e);
         }
-        Ok(m)
+        keep_props(m, app)
     })
     .cast()
 }
@@ -962,7 +1022,7 @@ pub unsafe extern "C" fn rCreateImage(
     host: *mut c_void,
     err: *mut cl_int,
 ) -> cl_mem {
-    create_image(c, Vec::new(), flags, fmt, desc, host, err)
+    create_image(c, Vec::new(), flags, fmt, desc, host, Vec::new(), err)
 }
 
 pub unsafe extern "C" fn rCreateImageWithProperties(
@@ -974,7 +1034,7 @@ pub unsafe extern "C" fn rCreateImageWithProperties(
     host: *mut c_void,
     err: *mut cl_int,
 ) -> cl_mem {
-    create_image(c, props(p, &[]), flags, fmt, desc, host, err)
+    create_image(c, props(p, &[]), flags, fmt, desc, host, raw_props(p), err)
 }
 
 pub unsafe extern "C" fn rRetainMemObject(m: cl_mem) -> cl_int {
@@ -1034,6 +1094,11 @@ pub unsafe extern "C" fn rGetMemObjectInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
+    if param == CL_MEM_PROPERTIES
+        && let Some(rc) = props_info(m.cast(), size, value, ret)
+    {
+        return rc;
+    }
     info(m.cast(), InfoKind::Mem, param, size, value, ret)
 }
 
@@ -1049,20 +1114,21 @@ pub unsafe extern "C" fn rGetImageInfo(
 
 // ---- samplers ----
 
-fn create_sampler(c: cl_context, props: Vec<u64>, err: *mut cl_int) -> cl_sampler {
+fn create_sampler(c: cl_context, props: Vec<u64>, app: Vec<u64>, err: *mut cl_int) -> cl_sampler {
     guard_obj(err, || {
         let s = sess(c.cast())?;
         let id = s.new_id();
-        s.post(
+        created(
+            s,
+            id,
             &Call::CreateSampler {
                 id,
                 context: id_of(c.cast()),
                 props,
             },
             &[],
-            false,
         )?;
-        Ok(RObj::create(s, id, 0))
+        keep_props(RObj::create(s, id, 0), app)
     })
     .cast()
 }
@@ -1082,7 +1148,7 @@ pub unsafe extern "C" fn rCreateSampler(
         CL_SAMPLER_FILTER_MODE as u64,
         filter as u64,
     ];
-    create_sampler(c, p, err)
+    create_sampler(c, p, Vec::new(), err)
 }
 
 pub unsafe extern "C" fn rCreateSamplerWithProperties(
@@ -1090,7 +1156,7 @@ pub unsafe extern "C" fn rCreateSamplerWithProperties(
     p: *const cl_sampler_properties,
     err: *mut cl_int,
 ) -> cl_sampler {
-    create_sampler(c, props(p, &[]), err)
+    create_sampler(c, props(p, &[]), raw_props(p), err)
 }
 
 pub unsafe extern "C" fn rGetSamplerInfo(
@@ -1100,6 +1166,11 @@ pub unsafe extern "C" fn rGetSamplerInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
+    if param == CL_SAMPLER_PROPERTIES
+        && let Some(rc) = props_info(s.cast(), size, value, ret)
+    {
+        return rc;
+    }
     info(s.cast(), InfoKind::Sampler, param, size, value, ret)
 }
 
@@ -1115,7 +1186,7 @@ fn new_program(
     guard_obj(err, || {
         let s = sess(c.cast())?;
         let id = s.new_id();
-        s.post(&make(id, id_of(c.cast())), payload, false)?;
+        created(s, id, &make(id, id_of(c.cast())), payload)?;
         let p = RObj::create(s, id, 0);
         obj(p)?.set_devices(devices);
         Ok(p)
@@ -1498,14 +1569,15 @@ pub unsafe extern "C" fn rCreateKernel(
     guard_obj(err, || {
         let s = sess(p.cast())?;
         let id = s.new_id();
-        s.post(
+        created(
+            s,
+            id,
             &Call::CreateKernel {
                 id,
                 program: id_of(p.cast()),
                 name: c_string(name),
             },
             &[],
-            false,
         )?;
         Ok(RObj::create(s, id, 0))
     })
@@ -1554,13 +1626,14 @@ pub unsafe extern "C" fn rCloneKernel(k: cl_kernel, err: *mut cl_int) -> cl_kern
     guard_obj(err, || {
         let s = sess(k.cast())?;
         let id = s.new_id();
-        s.post(
+        created(
+            s,
+            id,
             &Call::CloneKernel {
                 id,
                 source: id_of(k.cast()),
             },
             &[],
-            false,
         )?;
         Ok(RObj::create(s, id, 0))
     })
@@ -1719,13 +1792,14 @@ pub unsafe extern "C" fn rCreateUserEvent(c: cl_context, err: *mut cl_int) -> cl
     guard_obj(err, || {
         let s = sess(c.cast())?;
         let id = s.new_id();
-        s.post(
+        created(
+            s,
+            id,
             &Call::CreateUserEvent {
                 id,
                 context: id_of(c.cast()),
             },
             &[],
-            false,
         )?;
         Ok(RObj::create(s, id, 0))
     })
@@ -1865,7 +1939,7 @@ pub unsafe extern "C" fn rEnqueueNDRangeKernel(
     list: *const cl_event,
     ev: *mut cl_event,
 ) -> cl_int {
-    if dims == 0 || dims > 3 || gws.is_null() {
+    if dims == 0 || dims > 3 {
         return CL_INVALID_WORK_DIMENSION;
     }
     let take = |p: *const usize| -> Option<[u64; 3]> {
@@ -1885,7 +1959,8 @@ pub unsafe extern "C" fn rEnqueueNDRangeKernel(
             }
             o
         }),
-        take(gws).unwrap_or([1; 3]),
+        // A NULL global size enqueues no work-items (OpenCL 2.1 on).
+        take(gws).unwrap_or([0; 3]),
         take(lws),
     );
     let kernel = id_of(k.cast());

@@ -58,6 +58,11 @@ pub struct RObj {
     /// `CL_PROGRAM_DEVICES`, which the proxy does not answer (its value is
     /// handles).
     pub devs: Mutex<Vec<usize>>,
+    /// For queues, memory objects and samplers: the property list the
+    /// application gave, with its terminating 0 (empty: none, or made by the
+    /// entry point without properties), for `CL_*_PROPERTIES` queries, whose
+    /// answer depends on how the object was made.
+    pub app_props: Mutex<Option<Vec<u64>>>,
 }
 
 // SAFETY: the raw dispatch pointer refers to an immutable static; every other
@@ -84,6 +89,7 @@ impl RObj {
             after: Mutex::new(None),
             args: Mutex::new(Vec::new()),
             devs: Mutex::new(Vec::new()),
+            app_props: Mutex::new(None),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live

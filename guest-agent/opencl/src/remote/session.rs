@@ -470,6 +470,35 @@ impl Session {
         self.call(&Call::Sync, &[], Dest::Keep).map(|_| ())
     }
 
+    /// Sends a posted call and, when the application made it (the gate is
+    /// open; not while crane recreates objects at a transition, which checks
+    /// all of them with one round trip at the end), waits until the proxy has
+    /// carried it out and returns its failure, as the vendor would: creating
+    /// an object reports its error at once. One round trip per call.
+    pub fn post_checked(&self, call: &Call, payload: &[u8]) -> Result<(), cl_int> {
+        if !crate::gate::is_open() {
+            return self.post(call, payload, false);
+        }
+        self.check_alive()?;
+        let seq = {
+            let mut o = lock(&self.out);
+            self.enqueue(&mut o, call, payload, false)?
+        };
+        let (a, _) = self.call(&Call::Sync, &[], Dest::Keep)?;
+        // The proxy reports a failed posted call before it answers a later
+        // call, so its failure is in the list by now.
+        let mut st = lock(&self.shared.state);
+        if let Some(i) = st.failed.iter().position(|f| f.0 == seq) {
+            return Err(st.failed.remove(i).1);
+        }
+        drop(st);
+        match a {
+            Answer::Status(CL_SUCCESS) => Ok(()),
+            Answer::Status(e) => Err(e),
+            _ => Err(CL_INVALID_OPERATION),
+        }
+    }
+
     /// Sends whatever is batched.
     pub fn flush(&self) -> Result<(), cl_int> {
         self.check_alive()?;
