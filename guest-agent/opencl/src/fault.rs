@@ -13,6 +13,22 @@ pub fn point(_name: &str) {
     armed::hit(_name);
 }
 
+/// `CRANE_FAULT_ARG_INFO_BUILD=1`: take every build that crane gives
+/// `-cl-kernel-arg-info` as failed by the vendor, as NVIDIA's compiler fails a
+/// program with an argument-less kernel (crane must then build it with the
+/// application's own options).
+#[inline(always)]
+pub fn arg_info_build_fails() -> bool {
+    #[cfg(feature = "fault-injection")]
+    {
+        std::env::var_os("CRANE_FAULT_ARG_INFO_BUILD").is_some_and(|v| v == "1")
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        false
+    }
+}
+
 /// The fault point of the entry point whose body is the closure type `F`.
 #[inline(always)]
 pub fn entry<F>() {

@@ -250,6 +250,12 @@ pub enum BuildStep {
     Build {
         devices: Vec<Arc<Device>>,
         options: CString,
+        /// Built with crane's -cl-kernel-arg-info added. False where the
+        /// vendor failed the build with it and built the program without it
+        /// (NVIDIA's compiler, 580: a kernel without arguments in a program
+        /// built with -cl-kernel-arg-info fails in ptxas); its kernels'
+        /// arguments are then of unknown kind, taken as written by launches.
+        arg_info: bool,
     },
     Compile {
         devices: Vec<Arc<Device>>,

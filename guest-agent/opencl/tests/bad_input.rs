@@ -290,6 +290,30 @@ fn panic_inside_crane_becomes_an_error_code() {
     );
 }
 
+/// A vendor whose compiler fails a build only because of the
+/// `-cl-kernel-arg-info` crane adds (NVIDIA 580 does, for any program holding
+/// a kernel without arguments): the application's build must still succeed,
+/// built with its own options, and the kernels, whose argument kinds are then
+/// unknown, must keep every buffer they may write across suspend/resume
+/// cycles (the result identical to native).
+#[test]
+fn a_build_failing_only_with_crane_s_arg_info_is_built_without_it() {
+    let mode = common::Mode::preload_of(
+        fault_library(),
+        vec![("CRANE_FAULT_ARG_INFO_BUILD", "1".into())],
+    );
+    let (iters, n) = common::long_enough("pingpong", "3000", 3, |iters| {
+        let run = common::interrupted("pingpong", iters, 0x9e3779b97f4a7c15, 20, &mode);
+        assert!(
+            !run.result.is_empty(),
+            "pingpong failed under crane:\n{}",
+            run.stderr
+        );
+        (run.result, run.cycles)
+    });
+    eprintln!("pingpong without argument information: {n} cycles at --iters {iters}, as native");
+}
+
 /// One whole suspend/resume cycle through the control socket; both must
 /// succeed.
 fn suspend_resume(sock: &Path) {

@@ -199,9 +199,17 @@ fn create_from_binaries(
 /// Replays one build step on the vendor program (resume).
 pub fn replay_step(v: *mut c_void, step: &BuildStep) -> ClResult<()> {
     match step {
-        BuildStep::Build { devices, options } => {
+        BuildStep::Build {
+            devices,
+            options,
+            arg_info,
+        } => {
             let vd: Vec<cl_device_id> = devices.iter().map(|d| d.base.vendor().cast()).collect();
-            let o = with_arg_info(options);
+            let o = if *arg_info {
+                with_arg_info(options)
+            } else {
+                options.clone()
+            };
             // SAFETY: vendor program and devices.
             let rc = unsafe {
                 vfn!(v, clBuildProgram)?(
@@ -455,26 +463,44 @@ pub unsafe extern "C" fn clBuildProgram(
         let (vd, devs) = devices_of(n, devices)?;
         let opts = options_of(options);
         let vopts = with_arg_info(&opts);
-        let (cb, ud) = build_notify(f, user_data, p as usize);
+        let added = vopts != opts;
         let v = prog.base.vendor();
-        // SAFETY: vendor program and devices.
-        let rc = unsafe {
-            vfn!(v, clBuildProgram)?(
-                v.cast(),
-                n,
-                if vd.is_empty() {
-                    std::ptr::null()
-                } else {
-                    vd.as_ptr()
-                },
-                vopts.as_ptr(),
-                cb,
-                ud,
-            )
+        let vd_ptr = if vd.is_empty() {
+            std::ptr::null()
+        } else {
+            vd.as_ptr()
         };
-        if rc != CL_SUCCESS && rc != CL_BUILD_PROGRAM_FAILURE {
-            undo_notify(cb, ud);
-        }
+        let build = |o: &CStr, cb: BuildCb, ud: *mut c_void| -> ClResult<cl_int> {
+            // SAFETY: vendor program and devices; `ud` is what `cb` expects.
+            Ok(unsafe { vfn!(v, clBuildProgram)?(v.cast(), n, vd_ptr, o.as_ptr(), cb, ud) })
+        };
+        // A build that fails only because of the option crane added is built
+        // again with the application's own options (see BuildStep::Build),
+        // so that crane never turns a valid build into a failure. The retry
+        // needs the first build's outcome, so where crane added the option
+        // the build is synchronous and the application's callback is called
+        // from here once it is done (the specification lets clBuildProgram
+        // wait for the build).
+        let (rc, arg_info) = if added {
+            let first = if crate::fault::arg_info_build_fails() {
+                CL_BUILD_PROGRAM_FAILURE
+            } else {
+                build(&vopts, None, std::ptr::null_mut())?
+            };
+            if first == CL_BUILD_PROGRAM_FAILURE {
+                let second = build(&opts, None, std::ptr::null_mut())?;
+                (second, second != CL_SUCCESS)
+            } else {
+                (first, true)
+            }
+        } else {
+            let (cb, ud) = build_notify(f, user_data, p as usize);
+            let rc = build(&vopts, cb, ud)?;
+            if rc != CL_SUCCESS && rc != CL_BUILD_PROGRAM_FAILURE {
+                undo_notify(cb, ud);
+            }
+            (rc, true)
+        };
         if records_step(rc) {
             prog.arg_info_hidden
                 .store(hides_arg_info(options), Ordering::Relaxed);
@@ -484,7 +510,16 @@ pub unsafe extern "C" fn clBuildProgram(
                 .push(BuildStep::Build {
                     devices: devs,
                     options: opts,
+                    arg_info,
                 });
+        }
+        if added && records_step(rc) {
+            let (cb, ud) = build_notify(f, user_data, p as usize);
+            if cb.is_some() {
+                // SAFETY: `ud` is the box build_notify just made for this
+                // call; the trampoline takes it back.
+                unsafe { crate::callbacks::build_trampoline(v.cast(), ud) };
+            }
         }
         check(rc)
     })

@@ -155,6 +155,18 @@ impl Mode {
         }
     }
 
+    /// Another build of the library, preloaded, with settings of its own
+    /// (the fault-injection build, say).
+    pub fn preload_of(lib: PathBuf, env: Vec<(&'static str, OsString)>) -> Mode {
+        let mut env = env;
+        env.push(("LD_PRELOAD", lib.into()));
+        Mode {
+            name: "preload",
+            env,
+            _dir: None,
+        }
+    }
+
     /// A directory on `LD_LIBRARY_PATH` whose libOpenCL.so.1 is a symlink to
     /// the library, in place of the ICD loader the application was linked
     /// against.
