@@ -494,7 +494,7 @@ fn save_events() {
         let profiled = e
             .queue
             .as_ref()
-            .is_some_and(|q| q.properties() & CL_QUEUE_PROFILING_ENABLE != 0);
+            .is_some_and(|q| q.current_properties() & CL_QUEUE_PROFILING_ENABLE != 0);
         // An event restored by an earlier resume is a user event on the vendor,
         // which has no profiling information: keep what was saved the first
         // time (re-reading gave zeros, so an application reading START before

@@ -111,10 +111,23 @@ pub struct Queue {
     /// OpenCL 2.0 property list (zero-terminated) or empty with `legacy_props`.
     pub props: Vec<cl_queue_properties>,
     pub legacy_props: Option<cl_command_queue_properties>,
+    /// The properties clSetCommandQueueProperty (OpenCL 1.0, deprecated)
+    /// left the queue with, where it changed them: a queue is created again
+    /// with its creation properties and brought to these.
+    pub set_props: std::sync::Mutex<Option<cl_command_queue_properties>>,
 }
 cl_object!(Queue, Queue, clReleaseCommandQueue);
 
 impl Queue {
+    /// The properties now: as created, or as clSetCommandQueueProperty left them.
+    pub fn current_properties(&self) -> cl_command_queue_properties {
+        self.set_props
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(|| self.properties())
+    }
+
+    /// The properties the queue was created with.
     pub fn properties(&self) -> cl_command_queue_properties {
         if let Some(p) = self.legacy_props {
             return p;

@@ -38,6 +38,26 @@ pub fn vendor_create(q: &Queue) -> ClResult<*mut c_void> {
         },
     };
     check(err)?;
+    let set = *q.set_props.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(now) = set {
+        // The queue as clSetCommandQueueProperty left it (resume).
+        let was = q.properties();
+        let mut old = 0;
+        for (bits, enable) in [(now & !was, CL_TRUE), (was & !now, CL_FALSE)] {
+            if bits != 0 {
+                // SAFETY: the vendor queue just made.
+                #[allow(deprecated)]
+                let rc = unsafe {
+                    vfn!(v, clSetCommandQueueProperty)?(v.cast(), bits, enable, &mut old)
+                };
+                if let Err(e) = check(rc) {
+                    // SAFETY: the queue just made, not handed out.
+                    unsafe { crate::vendor::release(v.cast(), |t| t.clReleaseCommandQueue) };
+                    return Err(e);
+                }
+            }
+        }
+    }
     Ok(v.cast())
 }
 
@@ -58,6 +78,7 @@ fn create(
         device,
         props,
         legacy_props: legacy,
+        set_props: std::sync::Mutex::new(None),
     };
     q.base.set_vendor(vendor_create(&q)?);
     Ok(publish(Arc::new(q)))
@@ -164,14 +185,33 @@ pub unsafe extern "C" fn clGetCommandQueueInfo(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clSetCommandQueueProperty(
-    _q: cl_command_queue,
-    _p: cl_command_queue_properties,
-    _e: cl_bool,
-    _old: *mut cl_command_queue_properties,
+    q: cl_command_queue,
+    props: cl_command_queue_properties,
+    enable: cl_bool,
+    old_ret: *mut cl_command_queue_properties,
 ) -> cl_int {
-    // Deprecated since OpenCL 1.1 and not re-creatable: refused as the
-    // specification allows.
-    entry::status(false, || Err(CL_INVALID_OPERATION))
+    // Deprecated since OpenCL 1.1: the vendor decides (NVIDIA carries it
+    // out, others answer CL_INVALID_OPERATION); what it leaves the queue
+    // with is kept so that the queue is created the same way again.
+    entry::status(false, || {
+        let queue = queue_ref(q.cast())?;
+        let v = queue.base.vendor();
+        let mut set = queue.set_props.lock().unwrap_or_else(|e| e.into_inner());
+        let mut old = 0;
+        // SAFETY: live vendor queue; `old` is one value.
+        #[allow(deprecated)]
+        check(unsafe { vfn!(v, clSetCommandQueueProperty)?(v.cast(), props, enable, &mut old) })?;
+        if !old_ret.is_null() {
+            // SAFETY: the application's out-parameter, one value.
+            unsafe { *old_ret = old };
+        }
+        *set = Some(if enable != CL_FALSE {
+            old | props
+        } else {
+            old & !props
+        });
+        Ok(())
+    })
 }
 
 #[unsafe(no_mangle)]
