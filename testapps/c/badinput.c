@@ -978,12 +978,18 @@ static void program_cases(struct env *v)
         R("clSetProgramSpecializationConstant.null",
           clSetProgramSpecializationConstant(NULL, 0, sizeof val, &val));
         /* PoCL 3.1 asserts (num_devices != 0) when either is called on a
-         * program not made from IL; the specification wants
-         * CL_INVALID_PROGRAM for that, checked first. */
+         * program not made from IL. The specification wants
+         * CL_INVALID_OPERATION where no device of the program takes IL
+         * (what the CTS's consistency_il_programs checks, and NVIDIA
+         * answers), else CL_INVALID_PROGRAM for a program not made from IL. */
+        size_t il_size = 0;
+        cl_int il_rc = clGetDeviceInfo(v->dev, CL_DEVICE_IL_VERSION, 0, NULL, &il_size);
+        cl_int not_il = (il_rc == CL_SUCCESS && il_size > 1) ? CL_INVALID_PROGRAM
+                                                             : CL_INVALID_OPERATION;
         SPEC("native-crash.clSetProgramSpecializationConstant.null_value",
-          clSetProgramSpecializationConstant(v->prog_unbuilt, 0, sizeof val, NULL), CL_INVALID_PROGRAM);
+          clSetProgramSpecializationConstant(v->prog_unbuilt, 0, sizeof val, NULL), not_il);
         SPEC("native-crash.clSetProgramSpecializationConstant.source_program",
-          clSetProgramSpecializationConstant(v->prog_unbuilt, 0, sizeof val, &val), CL_INVALID_PROGRAM);
+          clSetProgramSpecializationConstant(v->prog_unbuilt, 0, sizeof val, &val), not_il);
     }
     R("clSetProgramReleaseCallback.null", clSetProgramReleaseCallback(NULL, build_notify, NULL));
     R("clRetainProgram.null", clRetainProgram(NULL));

@@ -680,6 +680,27 @@ pub unsafe extern "C" fn clLinkProgram(
     })
 }
 
+/// Whether a vendor device takes intermediate-language programs: its
+/// CL_DEVICE_IL_VERSION is a non-empty string (devices before OpenCL 2.1 do
+/// not know the query).
+fn takes_il(vd: *mut c_void) -> bool {
+    let Ok(f) = vfn!(vd, clGetDeviceInfo) else {
+        return false;
+    };
+    let mut size = 0usize;
+    // SAFETY: a size query on a live vendor device.
+    let rc = unsafe {
+        f(
+            vd.cast(),
+            CL_DEVICE_IL_VERSION,
+            0,
+            std::ptr::null_mut(),
+            &mut size,
+        )
+    };
+    rc == CL_SUCCESS && size > 1
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn clSetProgramSpecializationConstant(
     p: cl_program,
@@ -692,8 +713,17 @@ pub unsafe extern "C" fn clSetProgramSpecializationConstant(
         // "CL_INVALID_PROGRAM if program is not a valid program object created
         // from an intermediate language (e.g. SPIR-V)." Checked here: a vendor
         // may not expect the call on other programs (PoCL asserts).
+        // "CL_INVALID_OPERATION if no devices associated with program support
+        // intermediate language programs" comes first: that is what the CTS
+        // (consistency_il_programs) asks of a device without IL and what
+        // NVIDIA answers natively.
         if !matches!(prog.source, ProgramSource::Il(_)) {
-            return Err(CL_INVALID_PROGRAM);
+            let il = prog.context.devices.iter().any(|d| takes_il(d.base.vendor()));
+            return Err(if il {
+                CL_INVALID_PROGRAM
+            } else {
+                CL_INVALID_OPERATION
+            });
         }
         // "CL_INVALID_VALUE if spec_value is NULL".
         if value.is_null() {
