@@ -31,6 +31,10 @@
  *   --binary-hold
  *              asks for a program's binary size, waits for a line on stdin,
  *              then for the binary (the tests suspend and resume in between).
+ *   --host-ptr-hold
+ *              after a line on stdin, a kernel writes a CL_MEM_USE_HOST_PTR image (row pitch with
+ *              padding) and buffer, clEnqueueWriteBuffer a second buffer; waits for a line on stdin, then reads both back and
+ *              checks them (the tests suspend and resume in between).
  *
  * Ends with `RESULT badinput <hash of the case lines>` like every corpus program.
  */
@@ -1831,6 +1835,138 @@ static void binary_hold(struct env *v)
     printf("binary ok\n");
 }
 
+/* --host-ptr-hold: "host-ptr created" once the objects exist; after a line on
+ * stdin, "host-ptr written" once a kernel has written a
+ * CL_MEM_USE_HOST_PTR image and buffer and clEnqueueWriteBuffer a second
+ * one; after a line on stdin, all three are read back (clEnqueueReadImage/
+ * ReadBuffer, then maps, which point into the host memory) and checked:
+ * "host-ptr ok". */
+static void host_ptr_hold(void)
+{
+    enum { HW = 16, HH = 8, PAD = 40 };
+    static const char *HP_SRC =
+        "__kernel void hp(__write_only image2d_t img, __global uint *b, uint salt)\n"
+        "{\n"
+        "    int x = get_global_id(0), y = get_global_id(1);\n"
+        "    write_imageui(img, (int2)(x, y), (uint4)(x + salt, y * 3, x ^ y, salt));\n"
+        "    b[y * get_global_size(0) + x] = (uint)(x * 31 + y) + salt;\n"
+        "}\n";
+    cl_platform_id plat;
+    cl_device_id dev;
+    pick_device(&plat, &dev);
+    cl_bool img_support = CL_FALSE;
+    CK(clGetDeviceInfo(dev, CL_DEVICE_IMAGE_SUPPORT, sizeof img_support, &img_support, NULL));
+    if (!img_support)
+        skip_all("device has no image support");
+    cl_context ctx = make_context(plat, dev);
+    cl_command_queue q = make_queue(ctx, dev, 0);
+    cl_program p = build_source(ctx, dev, HP_SRC, NULL);
+    cl_kernel k = make_kernel(p, "hp");
+    const size_t row = HW * 4 + PAD;
+    /* Aligned to 4 bytes only: PoCL then keeps a copy of its own. */
+    unsigned char *ialloc = xmalloc(row * HH + 64);
+    unsigned char *ihost = ialloc + 4;
+    memset(ihost, 0, row * HH);
+    cl_uint *bhost = xmalloc(2 * HW * HH * sizeof(cl_uint));
+    memset(bhost, 0, 2 * HW * HH * sizeof(cl_uint));
+    cl_image_format fmt = {CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+    desc.image_width = HW;
+    desc.image_height = HH;
+    desc.image_row_pitch = row;
+    cl_int err;
+    cl_mem img = clCreateImage(ctx, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, &fmt, &desc, ihost, &err);
+    CKE(err, "clCreateImage");
+    const size_t half = HW * HH * sizeof(cl_uint);
+    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, half, bhost, &err);
+    CKE(err, "clCreateBuffer");
+    /* Written by clEnqueueWriteBuffer only. */
+    cl_mem buf2 = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, half, bhost + HW * HH, &err);
+    CKE(err, "clCreateBuffer");
+    /* A first hold before any write: a vendor object rebuilt at resume need
+     * not work in the host memory as the first one may have. */
+    printf("host-ptr created\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin))
+        fail("stdin closed before the writes");
+    const cl_uint salt = 7;
+    CK(clSetKernelArg(k, 0, sizeof img, &img));
+    CK(clSetKernelArg(k, 1, sizeof buf, &buf));
+    CK(clSetKernelArg(k, 2, sizeof salt, &salt));
+    const size_t g[2] = {HW, HH};
+    CK(clEnqueueNDRangeKernel(q, k, 2, NULL, g, NULL, 0, NULL, NULL));
+    cl_uint second[HW * HH];
+    for (cl_uint i = 0; i < HW * HH; i++)
+        second[i] = 0xc0de0000u + i;
+    CK(clEnqueueWriteBuffer(q, buf2, CL_TRUE, 0, half, second, 0, NULL, NULL));
+    CK(clFinish(q));
+    /* Whether the vendor works in the host memory itself (PoCL does for
+     * aligned pointers) or on a copy of its own: for the log only. */
+    fprintf(stderr, "badinput: host memory %s the kernel's writes before any map\n",
+            ihost[0] == salt ? "holds" : "does not hold");
+    printf("host-ptr written\n");
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin))
+        fail("stdin closed before the read-back");
+    unsigned char got[HW * HH * 4];
+    size_t o[3] = {0, 0, 0}, r[3] = {HW, HH, 1};
+    CK(clEnqueueReadImage(q, img, CL_TRUE, o, r, 0, 0, got, 0, NULL, NULL));
+    cl_uint *gb = xmalloc(2 * half);
+    CK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, half, gb, 0, NULL, NULL));
+    CK(clEnqueueReadBuffer(q, buf2, CL_TRUE, 0, half, gb + HW * HH, 0, NULL, NULL));
+    size_t mrow = 0;
+    unsigned char *mi = clEnqueueMapImage(q, img, CL_TRUE, CL_MAP_READ, o, r, &mrow, NULL, 0, NULL, NULL, &err);
+    CKE(err, "clEnqueueMapImage");
+    cl_uint *mb = clEnqueueMapBuffer(q, buf, CL_TRUE, CL_MAP_READ, 0, half, 0, NULL, NULL, &err);
+    CKE(err, "clEnqueueMapBuffer");
+    cl_uint *mb2 = clEnqueueMapBuffer(q, buf2, CL_TRUE, CL_MAP_READ, 0, half, 0, NULL, NULL, &err);
+    CKE(err, "clEnqueueMapBuffer");
+    for (cl_uint y = 0; y < HH; y++)
+        for (cl_uint x = 0; x < HW; x++) {
+            unsigned char want[4] = {(unsigned char)(x + salt), (unsigned char)(y * 3),
+                                     (unsigned char)(x ^ y), (unsigned char)salt};
+            if (memcmp(got + (y * HW + x) * 4, want, 4) != 0) {
+                printf("host-ptr image read (%u,%u) %u %u %u %u\n", x, y, got[(y * HW + x) * 4],
+                       got[(y * HW + x) * 4 + 1], got[(y * HW + x) * 4 + 2],
+                       got[(y * HW + x) * 4 + 3]);
+                return;
+            }
+            if (memcmp(mi + y * mrow + x * 4, want, 4) != 0) {
+                printf("host-ptr image map (%u,%u)\n", x, y);
+                return;
+            }
+            cl_uint bw = x * 31 + y + salt;
+            if (gb[y * HW + x] != bw || mb[y * HW + x] != bw) {
+                printf("host-ptr buffer kernel half [%u] read %u map %u want %u\n", y * HW + x,
+                       gb[y * HW + x], mb[y * HW + x], bw);
+                return;
+            }
+        }
+    for (cl_uint i = 0; i < HW * HH; i++)
+        if (gb[HW * HH + i] != second[i] || mb2[i] != second[i]) {
+            printf("host-ptr written buffer [%u] read %x map %x\n", i, gb[HW * HH + i], mb2[i]);
+            return;
+        }
+    CK(clEnqueueUnmapMemObject(q, img, mi, 0, NULL, NULL));
+    CK(clEnqueueUnmapMemObject(q, buf, mb, 0, NULL, NULL));
+    CK(clEnqueueUnmapMemObject(q, buf2, mb2, 0, NULL, NULL));
+    CK(clFinish(q));
+    CK(clReleaseMemObject(img));
+    CK(clReleaseMemObject(buf));
+    CK(clReleaseMemObject(buf2));
+    CK(clReleaseKernel(k));
+    CK(clReleaseProgram(p));
+    CK(clReleaseCommandQueue(q));
+    CK(clReleaseContext(ctx));
+    free(gb);
+    free(ialloc);
+    free(bhost);
+    printf("host-ptr ok\n");
+}
+
 struct completer {
     cl_event ev;
     int ms;
@@ -1871,7 +2007,7 @@ static void wait_in_call(struct env *v, int ms)
 int main(int argc, char **argv)
 {
     g_prog = "badinput";
-    int faults = 0, work = 0, wait_ms = 0, binary = 0, bad_arg = 0;
+    int faults = 0, work = 0, wait_ms = 0, binary = 0, bad_arg = 0, host_ptr = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--foreign") == 0)
             g_foreign = 1;
@@ -1883,15 +2019,22 @@ int main(int argc, char **argv)
             binary = 1;
         else if (strcmp(argv[i], "--repeat-bad-arg") == 0)
             bad_arg = 1;
+        else if (strcmp(argv[i], "--host-ptr-hold") == 0)
+            host_ptr = 1;
         else if (strcmp(argv[i], "--wait-in-call") == 0 && i + 1 < argc)
             wait_ms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             i++; /* run-native.sh passes --iters; there is nothing to repeat */
         else {
-            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--repeat-bad-arg] [--wait-in-call MS] [--iters N]\n",
+            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--host-ptr-hold] [--repeat-bad-arg] [--wait-in-call MS] [--iters N]\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (host_ptr) {
+        host_ptr_hold();
+        print_result();
+        return 0;
     }
     if (faults) {
         fault_cases();

@@ -376,7 +376,12 @@ fn read_back() -> ClResult<u64> {
                     })
                 })?;
                 bytes += data.len() as u64;
-                m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
+                if m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 {
+                    // Rebuilt from the host memory at resume, as buffers are.
+                    copy_image_to_host_ptr(&m, desc, px, &data);
+                } else {
+                    m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
+                }
             }
             _ => {}
         }
@@ -414,6 +419,75 @@ fn copy_to_host_ptr(m: &Mem, data: &[u8]) {
         at = at.max(end);
     }
     copy(at, data.len());
+}
+
+/// Brings a CL_MEM_USE_HOST_PTR image's host memory (laid out with the pitches
+/// given at creation) up to date from `data` (the whole image, tightly packed),
+/// except the regions the application has mapped for writing (as for buffers).
+fn copy_image_to_host_ptr(m: &Mem, desc: &cl_image_desc, px: usize, data: &[u8]) {
+    let [w, h, d] = memory::image_region(desc);
+    let row = if desc.image_row_pitch != 0 {
+        desc.image_row_pitch
+    } else {
+        w * px
+    };
+    // A 1D array's layers are its rows: "image_slice_pitch ... the size of
+    // each 1D image in bytes", image_row_pitch by default.
+    let one_d_array = desc.image_type == CL_MEM_OBJECT_IMAGE1D_ARRAY;
+    let slice = match desc.image_slice_pitch {
+        0 if one_d_array => row,
+        0 => row * h,
+        s => s,
+    };
+    // Write-mapped regions: origin and region, in pixels, rows and slices.
+    let keep: Vec<([usize; 3], [usize; 3])> = m
+        .maps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|r| r.write)
+        .filter_map(|r| r.image.map(|(o, reg, ..)| (o, reg)))
+        .collect();
+    let host = m.host_ptr as *mut u8;
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for z in 0..d {
+        for y in 0..h {
+            let src = (z * h + y) * w * px;
+            let dst = if one_d_array {
+                y * slice
+            } else {
+                y * row + z * slice
+            };
+            spans.clear();
+            spans.extend(
+                keep.iter()
+                    .filter(|(o, r)| (o[1]..o[1] + r[1]).contains(&y))
+                    .filter(|(o, r)| (o[2]..o[2] + r[2]).contains(&z))
+                    .map(|(o, r)| (o[0].min(w), (o[0] + r[0]).min(w))),
+            );
+            spans.sort_unstable();
+            let mut at = 0;
+            let copy = |from: usize, to: usize| {
+                if from < to {
+                    // SAFETY: the application's host memory of the image,
+                    // which it must keep valid for the image's life, laid out
+                    // with the pitches it gave; `data` holds every pixel.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            data.as_ptr().add(src + from * px),
+                            host.add(dst + from * px),
+                            (to - from) * px,
+                        )
+                    };
+                }
+            };
+            for &(start, end) in &spans {
+                copy(at, start.max(at));
+                at = at.max(end);
+            }
+            copy(at, w);
+        }
+    }
 }
 
 /// Reads a whole buffer. Buffers the host may not read

@@ -717,3 +717,50 @@ fn binary_sized_before_a_suspend_fits_after_it() {
     );
     assert!(out.status.success(), "{}", out.status);
 }
+
+/// A kernel's writes to a CL_MEM_USE_HOST_PTR image and buffer, and a
+/// clEnqueueWriteBuffer to the buffer, survive suspend/resume: at resume such
+/// objects are rebuilt from the application's host memory, so suspend must
+/// have brought it up to date. PoCL works in aligned host memory itself; with
+/// `CRANE_HOST_MEMORY=emulate` the vendor holds a copy of its own (as
+/// discrete GPUs do), which is where the writes were lost.
+#[test]
+fn use_host_ptr_contents_survive_a_suspend() {
+    for emulate in [false, true] {
+        let dir = run_dir(if emulate { "hostptr-emu" } else { "hostptr" });
+        let mut child = Command::new(badinput())
+            .arg("--host-ptr-hold")
+            .env("LD_PRELOAD", library())
+            .env("CRANE_RUN_DIR", dir.path())
+            .env(
+                "CRANE_HOST_MEMORY",
+                if emulate { "emulate" } else { "vendor" },
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let sock = socket_path(dir.path(), child.id());
+        assert_eq!(next_line(&mut out), "host-ptr created");
+        suspend_resume(&sock);
+        writeln!(stdin, "write").unwrap();
+        assert_eq!(next_line(&mut out), "host-ptr written");
+        suspend_resume(&sock);
+        suspend_resume(&sock);
+        writeln!(stdin, "go").unwrap();
+        let got = next_line(&mut out);
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            got,
+            "host-ptr ok",
+            "emulate={emulate}: {}; stderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{}", out.status);
+    }
+}

@@ -111,15 +111,16 @@ fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     root.ever_written.store(true, Ordering::Relaxed);
     let cfg = crate::config::get();
     // Large writes are not copied (the copy would cost as much as the write
-    // itself); the buffer is read back at suspend instead.
+    // itself); the buffer is read back at suspend instead. So is a
+    // CL_MEM_USE_HOST_PTR buffer: a vendor with a copy of its own (a discrete
+    // GPU, or CRANE_HOST_MEMORY=emulate) wrote only that copy, and resume
+    // rebuilds the buffer from the host memory.
     if !cfg.write_cache
         || size > cfg.write_cache_max
         || root.flags & CL_MEM_USE_HOST_PTR != 0
         || root.is_image()
     {
-        if root.flags & CL_MEM_USE_HOST_PTR == 0 {
-            root.dirty.store(true, Ordering::Relaxed);
-        }
+        root.dirty.store(true, Ordering::Relaxed);
         return;
     }
     let start = mem.root_offset() + off;
