@@ -8,7 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use crane_wire::{Answer, Call, ImageDesc, ImageFormat, InfoKind, KernelArg, Rect, Sync};
+use crane_wire::{
+    Answer, ArgDesc, Call, ImageDesc, ImageFormat, InfoKind, KernelArg, KernelDevice, Rect, Sync,
+};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const SOURCE: &str = r#"
@@ -545,4 +547,141 @@ fn commands_behind_a_failed_user_event_are_answered_with_an_error() {
     assert_eq!(a, Answer::Status(-14)); // CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST
     assert!(matches!(c.fired(9, LONG), Some(s) if s < 0));
     assert_eq!(c.sync(), vec![]);
+}
+
+/// `DescribeKernel` answers the arguments and per-device work-group limits
+/// the client checks posted calls against; a failed kernel's description
+/// is its creation error. A zero local size (which PoCL divides by) fails
+/// instead of killing the proxy.
+#[test]
+fn a_kernel_is_described_and_a_zero_local_size_is_refused() {
+    let p = TestProxy::start(|_| {});
+    let mut c = p.client(TOKEN_A);
+    let env = setup(&mut c);
+    // Argument information needs -cl-kernel-arg-info (crane adds it).
+    let program = c.id();
+    c.post(
+        Call::CreateProgramWithSource {
+            id: program,
+            context: env.context,
+            source: SOURCE.into(),
+        },
+        &[],
+    );
+    let (a, _) = c.call(
+        Call::BuildProgram {
+            program,
+            devices: vec![env.device],
+            options: "-cl-kernel-arg-info".into(),
+        },
+        &[],
+    );
+    assert_eq!(a, Answer::Status(0));
+    let kernel = c.id();
+    c.post(
+        Call::CreateKernel {
+            id: kernel,
+            program,
+            name: "fill_pattern".into(),
+        },
+        &[],
+    );
+    let (a, _) = c.call(
+        Call::DescribeKernel {
+            kernel,
+            devices: vec![env.device],
+        },
+        &[],
+    );
+    let Answer::Kernel {
+        status: 0,
+        args,
+        devices,
+    } = a
+    else {
+        panic!("{a:?}");
+    };
+    assert_eq!(args.len(), 2);
+    let ArgDesc {
+        status,
+        address,
+        type_name,
+        ..
+    } = &args[0];
+    assert_eq!((*status, *address), (0, 0x119B)); // CL_KERNEL_ARG_ADDRESS_GLOBAL
+    assert_eq!(type_name, "uint*");
+    assert_eq!(args[1].type_name, "uint");
+    assert_eq!(args[1].address, 0x119E); // CL_KERNEL_ARG_ADDRESS_PRIVATE
+    let [
+        KernelDevice {
+            device,
+            status: 0,
+            max_dims,
+            max_work_group_size,
+            work_group_size,
+            ..
+        },
+    ] = devices[..]
+    else {
+        panic!("{devices:?}");
+    };
+    assert_eq!(device, env.device);
+    assert!(max_dims >= 3 && max_work_group_size >= 1 && work_group_size >= 1);
+
+    let buf = create_buffer(&mut c, &env, CL_MEM_READ_WRITE, 64, None);
+    c.post(
+        Call::SetKernelArg {
+            kernel,
+            index: 0,
+            arg: KernelArg::Object(buf),
+        },
+        &[],
+    );
+    c.post(
+        Call::SetKernelArg {
+            kernel,
+            index: 1,
+            arg: KernelArg::Bytes(vec![0; 4]),
+        },
+        &[],
+    );
+    let zero = c.post(
+        Call::EnqueueNdRange {
+            queue: env.queue,
+            kernel,
+            dims: 1,
+            offset: None,
+            global: [16, 1, 1],
+            local: Some([0, 1, 1]),
+            sync: Sync::default(),
+        },
+        &[],
+    );
+    assert_eq!(c.sync(), vec![(zero, -54)]); // CL_INVALID_WORK_GROUP_SIZE
+
+    let bad = c.id();
+    c.post(
+        Call::CreateKernel {
+            id: bad,
+            program,
+            name: "no_such_kernel".into(),
+        },
+        &[],
+    );
+    let (a, _) = c.call(
+        Call::DescribeKernel {
+            kernel: bad,
+            devices: vec![],
+        },
+        &[],
+    );
+    assert_eq!(
+        a,
+        Answer::Kernel {
+            status: -46, // CL_INVALID_KERNEL_NAME
+            args: vec![],
+            devices: vec![]
+        }
+    );
+    assert_eq!(c.sync().len(), 1);
 }

@@ -8,7 +8,9 @@
  *   - creation errors come back from the creating call itself, including a
  *     device-side queue the device cannot have;
  *   - CL_*_PROPERTIES queries answer the list the object was made with;
- *   - a kernel launch with a NULL global size (no work-items) succeeds.
+ *   - a kernel launch with a NULL global size (no work-items) succeeds;
+ *   - clSetKernelArg, clEnqueueNDRangeKernel and a marker return their
+ *     errors themselves (remoting posts them), and clFinish has none left.
  * Every part prints one line; `--iters` repeats the transfers. */
 #include "common.h"
 
@@ -233,6 +235,66 @@ static void big_images(cl_context ctx, cl_device_id dev, int iter)
     printf("apicheck: big images ok\n");
 }
 
+/* Errors of calls remoting posts: each call returns its own, as natively. */
+static void posted_errors(cl_context ctx, cl_device_id dev)
+{
+    const char *src =
+        "__kernel void k(__global int *p, __local int *l, char4 c, int n) { p[0] = n; }\n"
+        "__kernel __attribute__((reqd_work_group_size(2, 1, 1)))\n"
+        "void r(__global int *p) { p[get_global_id(0)] = 1; }\n";
+    cl_int err;
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+    CKE(err, "clCreateCommandQueue");
+    cl_program prog = build_source(ctx, dev, src, NULL);
+    cl_kernel k = make_kernel(prog, "k"), r = make_kernel(prog, "r");
+    cl_mem m = make_buffer(ctx, CL_MEM_READ_WRITE, 64, NULL);
+    int n = 3;
+    cl_mem two[2] = {m, m};
+    printf("apicheck: arg errors: buffer size %d, local value %d, local 0 %d, value size %d, "
+           "no value %d\n",
+           (int)clSetKernelArg(k, 0, sizeof two, two), (int)clSetKernelArg(k, 1, 4, &n),
+           (int)clSetKernelArg(k, 1, 0, NULL), (int)clSetKernelArg(k, 2, 2, &n),
+           (int)clSetKernelArg(k, 3, 4, NULL));
+    CK(clSetKernelArg(k, 0, sizeof m, &m));
+    CK(clSetKernelArg(k, 1, 16, NULL));
+    CK(clSetKernelArg(k, 2, 4, &n));
+    size_t g = 4, l = 4;
+    printf("apicheck: launch with an argument unset %d\n",
+           (int)clEnqueueNDRangeKernel(q, k, 1, NULL, &g, &l, 0, NULL, NULL));
+    CK(clSetKernelArg(k, 3, 4, &n));
+    CK(clSetKernelArg(r, 0, sizeof m, &m));
+    cl_bool nonuniform = CL_FALSE;
+    clGetDeviceInfo(dev, CL_DEVICE_NON_UNIFORM_WORK_GROUP_SUPPORT, sizeof nonuniform, &nonuniform, NULL);
+    size_t g3 = 3, l2 = 2, huge = (size_t)1 << 40;
+    printf("apicheck: launch errors: 4 dims %d, too large %d, required size %d, uniform %s\n",
+           (int)clEnqueueNDRangeKernel(q, k, 4, NULL, &g, &l, 0, NULL, NULL),
+           (int)clEnqueueNDRangeKernel(q, k, 1, NULL, &huge, &huge, 0, NULL, NULL),
+           (int)clEnqueueNDRangeKernel(q, r, 1, NULL, &g, &l, 0, NULL, NULL),
+           nonuniform ? "not required"
+                      : clEnqueueNDRangeKernel(q, k, 1, NULL, &g3, &l2, 0, NULL, NULL) ==
+                                CL_INVALID_WORK_GROUP_SIZE
+                            ? "required"
+                            : "not checked");
+    cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    CKE(err, "clCreateContext");
+    cl_event u = clCreateUserEvent(other, &err);
+    CKE(err, "clCreateUserEvent");
+    cl_event ev = NULL;
+    err = clEnqueueMarkerWithWaitList(q, 1, &u, &ev);
+    printf("apicheck: marker waiting on another context's event %d %s\n", (int)err,
+           ev ? "event" : "no event");
+    CK(clEnqueueNDRangeKernel(q, r, 1, NULL, &g, &l2, 0, NULL, NULL));
+    printf("apicheck: clFinish after them %d\n", (int)clFinish(q));
+    CK(clSetUserEventStatus(u, CL_COMPLETE));
+    CK(clReleaseEvent(u));
+    CK(clReleaseContext(other));
+    CK(clReleaseMemObject(m));
+    CK(clReleaseKernel(k));
+    CK(clReleaseKernel(r));
+    CK(clReleaseProgram(prog));
+    CK(clReleaseCommandQueue(q));
+}
+
 /* `--device-queue`: asks for a device-side queue the device may not have
  * and prints the error (PoCL aborts the process instead: under crane remote
  * the proxy must refuse it and live on). */
@@ -268,6 +330,7 @@ int main(int argc, char **argv)
     }
     program_devices(ctx, dev);
     errors_and_properties(plat, ctx, dev);
+    posted_errors(ctx, dev);
     for (int i = 0; i < iters; i++) {
         big_buffers(ctx, dev, i);
         big_images(ctx, dev, i);

@@ -48,7 +48,10 @@ use serde::{Deserialize, Serialize};
 /// Bumped on incompatible changes.
 pub const VERSION_MAJOR: u16 = 1;
 /// Bumped on compatible additions.
-pub const VERSION_MINOR: u16 = 0;
+pub const VERSION_MINOR: u16 = 1;
+
+/// The first minor version with [`Call::DescribeKernel`].
+pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
 
 /// First four bytes of every frame: "CRNW".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRNW");
@@ -232,6 +235,44 @@ pub enum KernelArg {
     Object(Id),
     /// A NULL memory object.
     NullObject,
+}
+
+/// One kernel argument as `clGetKernelArgInfo` describes it
+/// ([`Answer::Kernel`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgDesc {
+    /// The status of the queries (CL_KERNEL_ARG_INFO_NOT_AVAILABLE when the
+    /// program was built without `-cl-kernel-arg-info`); the rest is 0 unless
+    /// it is CL_SUCCESS.
+    pub status: i32,
+    pub address: u32,
+    pub access: u32,
+    pub type_qualifier: u64,
+    /// `CL_KERNEL_ARG_TYPE_NAME` (at most 255 bytes).
+    pub type_name: String,
+}
+
+/// What a kernel launch on one device is checked against
+/// ([`Answer::Kernel`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelDevice {
+    pub device: Id,
+    /// The status of the queries; the rest is 0 unless it is CL_SUCCESS.
+    pub status: i32,
+    /// `CL_KERNEL_WORK_GROUP_SIZE`.
+    pub work_group_size: u64,
+    /// `CL_KERNEL_COMPILE_WORK_GROUP_SIZE`.
+    pub compile_work_group_size: [u64; 3],
+    /// `CL_DEVICE_MAX_WORK_ITEM_DIMENSIONS`.
+    pub max_dims: u32,
+    /// `CL_DEVICE_MAX_WORK_ITEM_SIZES` (the first three).
+    pub max_item_sizes: [u64; 3],
+    /// `CL_DEVICE_MAX_WORK_GROUP_SIZE`.
+    pub max_work_group_size: u64,
+    /// Whether the device may run non-uniform work-groups (OpenCL 2.x, or
+    /// 3.0 with `CL_DEVICE_NON_UNIFORM_WORK_GROUP_SUPPORT`); whether a
+    /// program may, depends on how it was built.
+    pub non_uniform: bool,
 }
 
 /// An image format.
@@ -606,7 +647,17 @@ pub enum Call {
     /// Replies [`Answer::Status`] once every call before it has been carried
     /// out: a round trip that flushes the batch and collects failures.
     Sync,
+    /// Replies [`Answer::Kernel`]: the kernel's arguments and, for each of
+    /// `devices` (at most [`MAX_DESCRIBED_DEVICES`]), its work-group limits;
+    /// the client checks arguments and launches against them. Since 1.1.
+    DescribeKernel {
+        kernel: Id,
+        devices: Vec<Id>,
+    },
 }
+
+/// The most devices one [`Call::DescribeKernel`] may name.
+pub const MAX_DESCRIBED_DEVICES: usize = 64;
 
 impl Call {
     /// Whether the proxy answers this call (otherwise it is posted).
@@ -632,6 +683,7 @@ impl Call {
                 | Finish { .. }
                 | WaitForEvents { .. }
                 | Sync
+                | DescribeKernel { .. }
         )
     }
 
@@ -691,6 +743,7 @@ impl Call {
             Finish { .. } => "clFinish",
             WaitForEvents { .. } => "clWaitForEvents",
             Sync => "Sync",
+            DescribeKernel { .. } => "DescribeKernel",
         }
     }
 }
@@ -733,6 +786,13 @@ pub enum Answer {
     /// Unsolicited (seq 0): an event callback registered with `cookie` is due;
     /// `status` is the event's execution status.
     EventFired { cookie: u64, status: i32 },
+    /// A kernel's description ([`Call::DescribeKernel`]), with the call's
+    /// status (the kernel's creation error for a kernel that failed).
+    Kernel {
+        status: i32,
+        args: Vec<ArgDesc>,
+        devices: Vec<KernelDevice>,
+    },
 }
 
 #[cfg(test)]

@@ -47,7 +47,39 @@ fn sample_calls() -> Vec<Call> {
             param: 0x2033,
         },
         Call::Sync,
+        Call::DescribeKernel {
+            kernel: 9,
+            devices: vec![4, 5],
+        },
     ]
+}
+
+#[test]
+fn a_kernel_description_round_trips() {
+    let a = Answer::Kernel {
+        status: 0,
+        args: vec![ArgDesc {
+            status: 0,
+            address: 0x119B,
+            access: 0x11A3,
+            type_qualifier: 1,
+            type_name: "float4*".into(),
+        }],
+        devices: vec![KernelDevice {
+            device: 4,
+            status: 0,
+            work_group_size: 256,
+            compile_work_group_size: [8, 4, 1],
+            max_dims: 3,
+            max_item_sizes: [1024, 1024, 64],
+            max_work_group_size: 1024,
+            non_uniform: true,
+        }],
+    };
+    let mut out = Vec::new();
+    encode(&mut out, 0, &a, 0).unwrap();
+    let body = &out[HEADER_LEN..];
+    assert_eq!(decode::<Answer>(body).unwrap(), a);
 }
 
 #[test]

@@ -159,6 +159,15 @@ impl Session {
             if !(1..=3).contains(&work_dim) {
                 return Err(CallError::Cl(CL_INVALID_WORK_DIMENSION));
             }
+            // A zero local size divides by zero in PoCL (SIGFPE: the whole
+            // proxy would die) where it has work-items to run.
+            let n = work_dim as usize;
+            if let Some(l) = local
+                && global[..n].iter().all(|&g| g != 0)
+                && l[..n].contains(&0)
+            {
+                return Err(CallError::Cl(CL_INVALID_WORK_GROUP_SIZE));
+            }
             let f = vfn!(q.get(), clEnqueueNDRangeKernel)?;
             let global = dims(global);
             let offset = offset.map(dims);

@@ -285,6 +285,7 @@ enum ErrorShape {
     Binary,
     Data,
     Status,
+    Kernel,
 }
 
 impl ErrorShape {
@@ -296,6 +297,7 @@ impl ErrorShape {
             | CreateSubDevices { .. }
             | CreateKernelsInProgram { .. } => ErrorShape::Count,
             GetInfo { .. } => ErrorShape::Info,
+            DescribeKernel { .. } => ErrorShape::Kernel,
             GetSupportedImageFormats { .. } => ErrorShape::Formats,
             GetProgramBinaries { .. } => ErrorShape::Binaries,
             CreateProgramWithBinary { .. } => ErrorShape::Binary,
@@ -327,6 +329,11 @@ impl ErrorShape {
             },
             ErrorShape::Data => Answer::Data(status),
             ErrorShape::Status => Answer::Status(status),
+            ErrorShape::Kernel => Answer::Kernel {
+                status,
+                args: Vec::new(),
+                devices: Vec::new(),
+            },
         };
         (seq, a)
     }
@@ -726,6 +733,7 @@ impl Session {
                 self.reply(seq, &Answer::Status(CL_SUCCESS), &[]);
                 Ok(())
             }
+            DescribeKernel { kernel, devices } => self.describe_kernel(seq, kernel, &devices),
         }
     }
 

@@ -147,20 +147,24 @@ fn props_info(o: *mut c_void, size: usize, value: *mut c_void, ret: *mut usize) 
     }))
 }
 
-/// Makes the output event of an enqueue, if the caller wants one.
+/// Checks the wait list of an enqueue on queue `qo` and makes the output
+/// event, if the caller wants one.
 fn out_event(
-    s: &Arc<Session>,
+    qo: &RObj,
     ev: *mut cl_event,
     n: cl_uint,
     list: *const cl_event,
-) -> (Waits, Option<*mut c_void>) {
+) -> R<(Waits, Option<*mut c_void>)> {
+    super::check::wait_list(qo, slice(list, n as usize))?;
+    let s = &qo.session;
     let waits = ids(list, n);
     if ev.is_null() {
-        return (Waits { waits, event: 0 }, None);
+        return Ok((Waits { waits, event: 0 }, None));
     }
     let id = s.new_id();
     let p = RObj::create(s, id, 0);
-    (Waits { waits, event: id }, Some(p))
+    obj(p)?.set_context(qo.context());
+    Ok((Waits { waits, event: id }, Some(p)))
 }
 
 fn give_event(ev: *mut cl_event, p: Option<*mut c_void>) {
@@ -189,7 +193,7 @@ fn post_enqueue(
     guard(|| {
         let qo = obj(q.cast())?;
         let s = &qo.session;
-        let (w, e) = out_event(s, ev, n, list);
+        let (w, e) = out_event(qo, ev, n, list)?;
         if let Some(p) = e {
             order_after(p, q, qo.ticket_now());
         }
@@ -350,7 +354,7 @@ fn read(
     guard(|| {
         let qo = obj(q.cast())?;
         let s = &qo.session;
-        let (w, e) = out_event(s, ev, n, list);
+        let (w, e) = out_event(qo, ev, n, list)?;
         let call = make(qo.id, w);
         if blocking != 0 {
             let before = qo.ticket_now();
@@ -585,6 +589,7 @@ pub unsafe extern "C" fn rCreateContext(
         created(s, id, &call, &[])?;
         let c = RObj::create(s, id, 0);
         obj(c)?.set_devices(dev_list(devs, n));
+        obj(c)?.set_context(id);
         Ok(c)
     })
     .cast()
@@ -671,6 +676,8 @@ fn create_queue(
             &[],
         )?;
         let q = RObj::create(s, id, 0);
+        obj(q)?.set_context(id_of(c.cast()));
+        obj(q)?.dev.store(id_of(d.cast()), Ordering::Relaxed);
         let ooo = props.chunks(2).any(|kv| {
             kv[0] == CL_QUEUE_PROPERTIES as u64
                 && kv
@@ -1189,6 +1196,7 @@ fn new_program(
         created(s, id, &make(id, id_of(c.cast())), payload)?;
         let p = RObj::create(s, id, 0);
         obj(p)?.set_devices(devices);
+        obj(p)?.set_context(id_of(c.cast()));
         Ok(p)
     })
     .cast()
@@ -1297,6 +1305,7 @@ pub unsafe extern "C" fn rCreateProgramWithBinary(
         let (a, _) = s.call(&call, &payload, Dest::Keep)?;
         let p = RObj::create(s, id, 0);
         obj(p)?.set_devices(program_devices(c, devs, n));
+        obj(p)?.set_context(id_of(c.cast()));
         match a {
             Answer::Binary {
                 status: st,
@@ -1434,6 +1443,7 @@ pub unsafe extern "C" fn rLinkProgram(
         let (a, _) = s.call(&call, &[], Dest::Keep)?;
         let p = RObj::create(s, id, 0);
         obj(p)?.set_devices(program_devices(c, devs, n));
+        obj(p)?.set_context(id_of(c.cast()));
         match a {
             Answer::Status(CL_SUCCESS) => Ok(p),
             // A failed link still gives a program, for its build log.
@@ -1569,17 +1579,29 @@ pub unsafe extern "C" fn rCreateKernel(
     guard_obj(err, || {
         let s = sess(p.cast())?;
         let id = s.new_id();
-        created(
-            s,
+        let call = Call::CreateKernel {
             id,
-            &Call::CreateKernel {
-                id,
-                program: id_of(p.cast()),
-                name: c_string(name),
-            },
-            &[],
-        )?;
-        Ok(RObj::create(s, id, 0))
+            program: id_of(p.cast()),
+            name: c_string(name),
+        };
+        let devices = obj(p.cast())?.devices_of();
+        // The application's creation: its error is returned at once, and the
+        // kernel's description comes in the same round trip.
+        let meta = if crate::gate::is_open() && s.proxy_minor >= crane_wire::MINOR_DESCRIBE_KERNEL {
+            let ids = devices.iter().map(|&d| id_of(d as *mut c_void)).collect();
+            Some(super::check::create_kernel(s, id, &call, ids)?)
+        } else {
+            created(s, id, &call, &[])?;
+            None
+        };
+        let k = RObj::create(s, id, 0);
+        let o = obj(k)?;
+        o.set_devices(devices);
+        o.set_context(obj(p.cast())?.context());
+        if let Some(m) = meta {
+            let _ = o.kmeta.set(m);
+        }
+        Ok(k)
     })
     .cast()
 }
@@ -1613,9 +1635,13 @@ pub unsafe extern "C" fn rCreateKernelsInProgram(
             Answer::Count { status, .. } => return Err(status),
             _ => return Err(CL_INVALID_OPERATION),
         };
+        let po = obj(p.cast())?;
         for (i, &id) in ids.iter().take(count as usize).enumerate() {
+            let k = RObj::create(s, id, 0);
+            obj(k)?.set_devices(po.devices_of());
+            obj(k)?.set_context(po.context());
             // SAFETY: the caller's array of `n` kernels.
-            unsafe { *out.add(i) = RObj::create(s, id, 0).cast() };
+            unsafe { *out.add(i) = k.cast() };
         }
         crate::entry::put(num, count);
         Ok(())
@@ -1635,7 +1661,23 @@ pub unsafe extern "C" fn rCloneKernel(k: cl_kernel, err: *mut cl_int) -> cl_kern
             },
             &[],
         )?;
-        Ok(RObj::create(s, id, 0))
+        // The clone has the source's arguments, set or not.
+        let src = obj(k.cast())?;
+        let c = RObj::create(s, id, 0);
+        let o = obj(c)?;
+        o.set_devices(src.devices_of());
+        o.set_context(src.context());
+        if let Some(m) = src.kmeta.get() {
+            let _ = o.kmeta.set(m.clone());
+        }
+        *o.set_args.lock().unwrap_or_else(|e| e.into_inner()) = src
+            .set_args
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        *o.args.lock().unwrap_or_else(|e| e.into_inner()) =
+            src.args.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        Ok(c)
     })
     .cast()
 }
@@ -1648,6 +1690,10 @@ pub unsafe extern "C" fn rSetKernelArg(
 ) -> cl_int {
     guard(|| {
         let o = obj(k.cast())?;
+        // The vendor's errors, found here rather than with the next clFinish.
+        if let Some(m) = super::check::kernel_meta(o, crate::gate::is_open()) {
+            super::check::set_arg(&m, index as usize, size, value.is_null())?;
+        }
         let arg = if value.is_null() {
             KernelArg::Local(size as u64)
         } else {
@@ -1684,6 +1730,7 @@ pub unsafe extern "C" fn rSetKernelArg(
         {
             return Ok(());
         }
+        mark_set(o, i);
         o.session.post(
             &Call::SetKernelArg {
                 kernel: o.id,
@@ -1701,6 +1748,19 @@ pub unsafe extern "C" fn rSetKernelArg(
         }
         Ok(())
     })
+}
+
+/// Notes that argument `i` of a kernel has been set (launches check that all
+/// are).
+fn mark_set(k: &RObj, i: usize) {
+    let mut set = k.set_args.lock().unwrap_or_else(|e| e.into_inner());
+    if set.len() <= i {
+        if i >= 1 << 16 {
+            return;
+        }
+        set.resize(i + 1, false);
+    }
+    set[i] = true;
 }
 
 /// Arguments beyond this index are always sent (the vector of remembered
@@ -1721,6 +1781,14 @@ pub unsafe extern "C" fn rGetKernelInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
+    if param == CL_KERNEL_NUM_ARGS
+        && let Some(m) = obj(k.cast())
+            .ok()
+            .and_then(|o| super::check::kernel_meta(o, true))
+    {
+        let n = m.args.len() as cl_uint;
+        return guard(|| write_info(&n.to_ne_bytes(), size, value, ret));
+    }
     info(k.cast(), InfoKind::Kernel, param, size, value, ret)
 }
 
@@ -1732,6 +1800,33 @@ pub unsafe extern "C" fn rGetKernelArgInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
+    // What the interposer asks of every argument at creation is in the
+    // kernel's description: no round trip each.
+    if let Some(m) = obj(k.cast())
+        .ok()
+        .and_then(|o| super::check::kernel_meta(o, true))
+        && let Some(a) = m.args.get(index as usize)
+    {
+        if a.status == CL_KERNEL_ARG_INFO_NOT_AVAILABLE {
+            return a.status;
+        }
+        if a.status == CL_SUCCESS {
+            let name;
+            let bytes: Option<&[u8]> = match param {
+                CL_KERNEL_ARG_ADDRESS_QUALIFIER => Some(&a.address.to_ne_bytes()),
+                CL_KERNEL_ARG_ACCESS_QUALIFIER => Some(&a.access.to_ne_bytes()),
+                CL_KERNEL_ARG_TYPE_QUALIFIER => Some(&a.type_qualifier.to_ne_bytes()),
+                CL_KERNEL_ARG_TYPE_NAME => {
+                    name = [a.type_name.as_bytes(), &[0]].concat();
+                    Some(&name)
+                }
+                _ => None,
+            };
+            if let Some(b) = bytes {
+                return guard(|| write_info(b, size, value, ret));
+            }
+        }
+    }
     info(
         k.cast(),
         InfoKind::KernelArg { index },
@@ -1801,7 +1896,9 @@ pub unsafe extern "C" fn rCreateUserEvent(c: cl_context, err: *mut cl_int) -> cl
             },
             &[],
         )?;
-        Ok(RObj::create(s, id, 0))
+        let e = RObj::create(s, id, 0);
+        obj(e)?.set_context(id_of(c.cast()));
+        Ok(e)
     })
     .cast()
 }
@@ -1963,6 +2060,20 @@ pub unsafe extern "C" fn rEnqueueNDRangeKernel(
         take(gws).unwrap_or([0; 3]),
         take(lws),
     );
+    // The vendor's errors, found here rather than with the next clFinish.
+    if let (Ok(qo), Ok(ko)) = (obj(q.cast()), obj(k.cast()))
+        && let Some(m) = super::check::kernel_meta(ko, crate::gate::is_open())
+    {
+        let set = ko.set_args.lock().unwrap_or_else(|e| e.into_inner());
+        let launch = super::check::Launch {
+            dims,
+            global: (!gws.is_null()).then_some(global),
+            local,
+        };
+        if let Err(e) = super::check::launch(&m, &set, qo, ko, &launch) {
+            return e;
+        }
+    }
     let kernel = id_of(k.cast());
     post_enqueue(q, n, list, ev, &[], false, |queue, sync| {
         Call::EnqueueNdRange {
@@ -2003,7 +2114,7 @@ fn post_pieces(
         let qo = obj(q.cast())?;
         let s = &qo.session;
         let ooo = qo.out_of_order.load(Ordering::Relaxed);
-        let (last, e) = out_event(s, ev, n, list);
+        let (last, e) = out_event(qo, ev, n, list)?;
         if let Some(p) = e {
             order_after(p, q, qo.ticket_now());
         }
@@ -2066,7 +2177,7 @@ fn read_pieces(
     guard(|| {
         let qo = obj(q.cast())?;
         let s = &qo.session;
-        let (last, e) = out_event(s, ev, n, list);
+        let (last, e) = out_event(qo, ev, n, list)?;
         if let Some(p) = e {
             order_after(p, q, qo.ticket_now());
         }

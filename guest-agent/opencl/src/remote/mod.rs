@@ -12,6 +12,7 @@
 //! and only what the proxy dirtied comes back.
 
 pub mod api;
+pub mod check;
 pub mod session;
 
 use std::ffi::c_void;
@@ -63,6 +64,16 @@ pub struct RObj {
     /// entry point without properties), for `CL_*_PROPERTIES` queries, whose
     /// answer depends on how the object was made.
     pub app_props: Mutex<Option<Vec<u64>>>,
+    /// The id of the object's context (0: unknown), for the checks of
+    /// `check`: queues, events, programs and kernels.
+    pub ctx: std::sync::atomic::AtomicU64,
+    /// For queues: the id of their device.
+    pub dev: std::sync::atomic::AtomicU64,
+    /// For kernels: their description, fetched once (None inside: the proxy
+    /// could not give it; nothing is checked on the client then).
+    pub kmeta: std::sync::OnceLock<Option<Arc<check::KernelMeta>>>,
+    /// For kernels: which arguments have been set (by index).
+    pub set_args: Mutex<Vec<bool>>,
 }
 
 // SAFETY: the raw dispatch pointer refers to an immutable static; every other
@@ -90,6 +101,10 @@ impl RObj {
             args: Mutex::new(Vec::new()),
             devs: Mutex::new(Vec::new()),
             app_props: Mutex::new(None),
+            ctx: Default::default(),
+            dev: Default::default(),
+            kmeta: std::sync::OnceLock::new(),
+            set_args: Mutex::new(Vec::new()),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live
@@ -104,6 +119,16 @@ impl RObj {
     /// The devices of a context or program.
     pub fn devices_of(&self) -> Vec<usize> {
         self.devs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The id of the object's context (0: unknown).
+    pub fn context(&self) -> Id {
+        self.ctx.load(Ordering::Relaxed)
+    }
+
+    /// Records the id of the object's context.
+    pub fn set_context(&self, c: Id) {
+        self.ctx.store(c, Ordering::Relaxed);
     }
 
     /// Records the devices of a context or program.

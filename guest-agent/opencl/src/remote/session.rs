@@ -212,6 +212,8 @@ struct Out {
 pub struct Session {
     pub addr: String,
     pub limits: Limits,
+    /// The proxy's protocol minor version (what it understands).
+    pub proxy_minor: u16,
     out: Mutex<Out>,
     shared: Arc<Shared>,
     reader: Mutex<Option<JoinHandle<()>>>,
@@ -303,10 +305,13 @@ impl Session {
         let h = crane_wire::read_frame(&mut w, 0, &mut body)
             .map_err(|e| format!("crane-proxy at {addr} did not greet: {e}"))?
             .ok_or_else(|| format!("crane-proxy at {addr} closed the connection"))?;
-        let limits = match crane_wire::decode::<Answer>(&body) {
-            Ok(Answer::Welcome { major, limits, .. }) if major == VERSION_MAJOR && h.seq == 1 => {
-                limits
-            }
+        let (limits, proxy_minor) = match crane_wire::decode::<Answer>(&body) {
+            Ok(Answer::Welcome {
+                major,
+                minor,
+                limits,
+                ..
+            }) if major == VERSION_MAJOR && h.seq == 1 => (limits, minor),
             Ok(Answer::Welcome { major, minor, .. }) => {
                 return Err(format!(
                     "crane-proxy at {addr} speaks protocol {major}.{minor}, this library {VERSION_MAJOR}.{VERSION_MINOR}"
@@ -350,6 +355,7 @@ impl Session {
         let s = Arc::new(Session {
             addr: addr.to_string(),
             limits,
+            proxy_minor,
             out: Mutex::new(Out {
                 w,
                 batch: Vec::with_capacity(BATCH_LIMIT),
@@ -479,24 +485,35 @@ impl Session {
         if !crate::gate::is_open() {
             return self.post(call, payload, false);
         }
+        match self.post_then_call(call, payload, &Call::Sync)? {
+            Answer::Status(CL_SUCCESS) => Ok(()),
+            Answer::Status(e) => Err(e),
+            _ => Err(CL_INVALID_OPERATION),
+        }
+    }
+
+    /// Sends a posted call followed by a replying one and waits for the
+    /// latter's answer: the posted call's failure, if any, is returned
+    /// instead (and not reported again).
+    pub fn post_then_call(
+        &self,
+        call: &Call,
+        payload: &[u8],
+        then: &Call,
+    ) -> Result<Answer, cl_int> {
         self.check_alive()?;
         let seq = {
             let mut o = lock(&self.out);
             self.enqueue(&mut o, call, payload, false)?
         };
-        let (a, _) = self.call(&Call::Sync, &[], Dest::Keep)?;
+        let (a, _) = self.call(then, &[], Dest::Keep)?;
         // The proxy reports a failed posted call before it answers a later
         // call, so its failure is in the list by now.
         let mut st = lock(&self.shared.state);
         if let Some(i) = st.failed.iter().position(|f| f.0 == seq) {
             return Err(st.failed.remove(i).1);
         }
-        drop(st);
-        match a {
-            Answer::Status(CL_SUCCESS) => Ok(()),
-            Answer::Status(e) => Err(e),
-            _ => Err(CL_INVALID_OPERATION),
-        }
+        Ok(a)
     }
 
     /// Sends whatever is batched.
