@@ -97,6 +97,10 @@ pub struct Config {
     /// Keep `token_file` in sync with the tokens dom0 publishes in this
     /// domain's XenStore (`crane/proxy/tokens`): the proxy domain's mode.
     pub tokens_from_xenstore: bool,
+    /// Capture the vendor's standard output and send each session its
+    /// kernels' printf output (`crane_proxy::output`); started by the
+    /// binary after it printed its addresses.
+    pub capture_stdout: bool,
 }
 
 impl Config {
@@ -113,6 +117,7 @@ impl Config {
             hello_timeout: Duration::from_secs(10),
             teardown_timeout: Duration::from_secs(10),
             tokens_from_xenstore: false,
+            capture_stdout: true,
         }
     }
 }
@@ -146,6 +151,9 @@ Runs the OpenCL calls that crane's interposer forwards from migrating guests.
   --max-payload BYTES         bulk data in one frame (default 256M)
   --hello-timeout SECS        time a new connection has to say Hello (default 10)
   --teardown-timeout SECS     time a closing session waits for its queues (default 10)
+  --no-capture-stdout         leave kernels' printf output on the proxy's own
+                              stdout instead of sending it to the session that
+                              printed it
   -h, --help                  this text
   -V, --version               the proxy's and the protocol's versions
 
@@ -194,6 +202,7 @@ pub fn parse_args(args: impl IntoIterator<Item = String>) -> Result<Command, Con
             "--listen" => listen.push(value("--listen")?.parse()?),
             "--token-file" => token_file = Some(PathBuf::from(value("--token-file")?)),
             "--tokens-from-xenstore" => cfg.tokens_from_xenstore = true,
+            "--no-capture-stdout" => cfg.capture_stdout = false,
             "--vendor" => cfg.vendors.push(PathBuf::from(value("--vendor")?)),
             "--max-session-mem" => {
                 let v = value("--max-session-mem")?;

@@ -354,6 +354,8 @@ pub(crate) fn drain(stream: &Stream) {
 pub(crate) struct Writer {
     stream: Arc<Stream>,
     state: Mutex<WriterState>,
+    /// The session's kernel output ([`crate::output`]).
+    pub output: crate::output::Tap,
 }
 
 struct WriterState {
@@ -369,12 +371,21 @@ impl Writer {
                 buf: Vec::with_capacity(4096),
                 closed: false,
             }),
+            output: crate::output::Tap::default(),
         }
     }
 
     /// Sends one frame; false when the connection is closed.
     pub fn send(&self, seq: u64, answer: &Answer, payload: &[u8]) -> bool {
         let t0 = crate::trace::on().then(Instant::now);
+        if seq != 0
+            && let Some(frames) = self.output.before_answer(seq)
+        {
+            // Kernel output goes out before the answer to the wait.
+            for f in frames {
+                self.send_frame(0, &Answer::Output, &f);
+            }
+        }
         let ok = self.send_frame(seq, answer, payload);
         if let Some(t0) = t0 {
             let g = &*crate::trace::GLOBAL;

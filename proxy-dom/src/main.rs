@@ -33,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     if config.tokens_from_xenstore {
         crane_proxy::xs_tokens::start(config.token_file.clone())?;
     }
+    let config_capture = config.capture_stdout;
     let proxy = Proxy::start(config).context("crane-proxy cannot start")?;
     let mut out = std::io::stdout().lock();
     for a in proxy.addrs() {
@@ -41,6 +42,12 @@ fn main() -> anyhow::Result<()> {
     }
     out.flush()?;
     drop(out);
+    if config_capture {
+        // From here on fd 1 is the vendor's: kernels' printf output.
+        if let Err(e) = crane_proxy::output::capture_stdout() {
+            log::warn!("kernel printf output stays on stdout: it cannot be captured: {e}");
+        }
+    }
     proxy.wait();
     Ok(())
 }

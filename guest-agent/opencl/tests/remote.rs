@@ -668,3 +668,14 @@ fn a_device_side_queue_is_refused_and_the_proxy_lives_on() {
         );
     }
 }
+
+/// A kernel's printf output, which the vendor writes to crane-proxy's
+/// standard output, reaches the application's stdout before the call that
+/// waited for the kernel returns (wait, finish, blocking read), even while
+/// the application points stdout at a file around the launch as the CTS's
+/// test_printf does: the whole output is the native one.
+#[test]
+fn kernel_printf_output_reaches_the_application() {
+    let proxy = Proxy::start("printf", false, &[("abc", "t")]);
+    same_as_native_remote("printf", &[], &proxy, "abc");
+}

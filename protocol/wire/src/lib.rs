@@ -48,10 +48,14 @@ use serde::{Deserialize, Serialize};
 /// Bumped on incompatible changes.
 pub const VERSION_MAJOR: u16 = 1;
 /// Bumped on compatible additions.
-pub const VERSION_MINOR: u16 = 1;
+pub const VERSION_MINOR: u16 = 2;
 
 /// The first minor version with [`Call::DescribeKernel`].
 pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
+
+/// The first minor version with [`Answer::Output`]: the proxy sends it only
+/// to clients whose Hello names this minor or a later one.
+pub const MINOR_OUTPUT: u16 = 2;
 
 /// First four bytes of every frame: "CRNW".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRNW");
@@ -793,6 +797,10 @@ pub enum Answer {
         args: Vec<ArgDesc>,
         devices: Vec<KernelDevice>,
     },
+    /// Unsolicited (seq 0): what the session's kernels wrote to the standard
+    /// output (`printf`), the payload; sent before the answer of the call
+    /// that waited for them (`Finish`, `WaitForEvents`, a read). Since 1.2.
+    Output,
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     let writer = Arc::new(Writer::new(stream.clone()));
     let deadline = Instant::now() + shared.config.hello_timeout;
     let mut reader = FrameReader::new(stream.clone(), Some(deadline));
-    let (hello_seq, tenant, client) = match greet(&mut reader, &shared) {
+    let (hello_seq, tenant, client, minor) = match greet(&mut reader, &shared) {
         Ok(v) => v,
         Err((seq, reason)) if reason == CLOSED_BEFORE_HELLO => {
             // A connection that sent nothing at all: a health check (craned
@@ -124,6 +124,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     let counters = Arc::new(Counters::default());
     shared.opened(id, &tenant, &client, counters.clone());
     let limits = shared.limits;
+    writer.output.configure(minor, limits.max_payload);
     let mut session = Session {
         id,
         objects: Objects::new(limits.max_objects, limits.max_mem_bytes, counters),
@@ -191,6 +192,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
             );
         }
     }
+    writer.output.session_ended();
     writer.close();
     stream.shutdown(Shutdown::Both);
 }
@@ -198,12 +200,12 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
 /// Why a connection that closed without sending a byte ended.
 const CLOSED_BEFORE_HELLO: &str = "the connection closed before Hello";
 
-/// Reads and checks the Hello: `(seq, tenant, client)`, or the Hello's seq
-/// (0 if unknown) and why the session is refused.
+/// Reads and checks the Hello: `(seq, tenant, client, minor)`, or the
+/// Hello's seq (0 if unknown) and why the session is refused.
 fn greet(
     reader: &mut FrameReader,
     shared: &Shared,
-) -> Result<(u64, String, String), (u64, String)> {
+) -> Result<(u64, String, String, u16), (u64, String)> {
     let h = match reader.next(HELLO_MAX_BODY, 0) {
         Ok(Some(h)) => h,
         Ok(None) => return Err((0, CLOSED_BEFORE_HELLO.into())),
@@ -241,7 +243,7 @@ fn greet(
         ));
     }
     match tokens::lookup(&shared.config.token_file, &token) {
-        Ok(Some(t)) => Ok((h.seq, t.name, printable(&client))),
+        Ok(Some(t)) => Ok((h.seq, t.name, printable(&client), minor)),
         Ok(None) => Err((h.seq, "the token is not valid".into())),
         Err(e) => {
             limited!(Level::Error, "refusing every session: {e}");
@@ -446,6 +448,7 @@ impl Session {
             return Err(format!("{name} carries no payload"));
         }
         let shape = ErrorShape::of(&call);
+        self.writer.output.note_call(self.id, seq, &call);
         match self.dispatch(seq, call, payload) {
             Ok(()) => Ok(()),
             Err(CallError::Violation(v)) => Err(format!("{name}: {v}")),

@@ -154,6 +154,8 @@ struct Inbox {
     replies: HashMap<u64, (Answer, Vec<u8>)>,
     failed: Vec<(u64, i32)>,
     fired: Vec<(u64, i32)>,
+    /// Kernel output (`Answer::Output`), in the order received.
+    output: Vec<u8>,
     goodbye: Option<String>,
     closed: bool,
 }
@@ -358,6 +360,11 @@ impl Client {
         }
     }
 
+    /// The kernel output received so far (and forgets it).
+    pub fn take_output(&self) -> Vec<u8> {
+        std::mem::take(&mut self.inbox.0.lock().unwrap().output)
+    }
+
     pub fn goodbye(&self) -> Option<String> {
         self.inbox.0.lock().unwrap().goodbye.clone()
     }
@@ -411,6 +418,10 @@ fn read_loop(mut r: Box<dyn Read + Send>, inbox: &Shared) {
             Answer::EventFired { cookie, status } => {
                 assert_eq!(h.seq, 0, "EventFired is unsolicited");
                 g.fired.push((cookie, status));
+            }
+            Answer::Output => {
+                assert_eq!(h.seq, 0, "Output is unsolicited");
+                g.output.extend_from_slice(&payload);
             }
             Answer::Goodbye { reason } => g.goodbye = Some(reason),
             a => {

@@ -936,6 +936,15 @@ fn handle(
             Answer::Goodbye { reason } => {
                 return Err(format!("crane-proxy ended the session: {reason}"));
             }
+            Answer::Output => {
+                // The kernels' printf output, before the answer of the call
+                // that waited for them, as a local vendor would print it.
+                let mut v = vec![0u8; h.payload_len as usize];
+                r.read_exact(&mut v)
+                    .map_err(|e| format!("reading from crane-proxy: {e}"))?;
+                write_stdout(&v);
+                return Ok(());
+            }
             a => return Err(format!("crane-proxy sent an unexpected {a:?}")),
         }
         skip(r, h.payload_len)?;
@@ -1028,6 +1037,23 @@ fn handle(
         }
     }
     Ok(())
+}
+
+/// Writes kernel output to the application's standard output (fd 1, as it
+/// is now: the application may have pointed it at a file); a closed pipe or
+/// any other error drops it, as a vendor's printf would.
+fn write_stdout(mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: `bytes` is readable for its length.
+        let n = unsafe { libc::write(1, bytes.as_ptr().cast(), bytes.len()) };
+        if n > 0 {
+            bytes = &bytes[n as usize..];
+        } else if n == 0
+            || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+        {
+            return;
+        }
+    }
 }
 
 fn land_ticket(queue: &RObj, ticket: u64) {
