@@ -10,7 +10,9 @@
  *   - CL_*_PROPERTIES queries answer the list the object was made with;
  *   - a kernel launch with a NULL global size (no work-items) succeeds;
  *   - clSetKernelArg, clEnqueueNDRangeKernel and a marker return their
- *     errors themselves (remoting posts them), and clFinish has none left.
+ *     errors themselves (remoting posts them), and clFinish has none left;
+ *   - CL_QUEUE_DEVICE_DEFAULT of a host queue and clGetPipeInfo of a buffer
+ *     answer as the vendor does.
  * Every part prints one line; `--iters` repeats the transfers. */
 #include "common.h"
 
@@ -295,6 +297,27 @@ static void posted_errors(cl_context ctx, cl_device_id dev)
     CK(clReleaseCommandQueue(q));
 }
 
+/* Queries the proxy cannot answer as they are (handles) or that remoting
+ * had no entry for. */
+static void more_queries(cl_platform_id plat, cl_context ctx, cl_device_id dev)
+{
+    if (platform_version(plat) < 20)
+        return;
+    cl_int err;
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
+    CKE(err, "clCreateCommandQueue");
+    cl_command_queue dq = (cl_command_queue)&err;
+    err = clGetCommandQueueInfo(q, CL_QUEUE_DEVICE_DEFAULT, sizeof dq, &dq, NULL);
+    printf("apicheck: CL_QUEUE_DEVICE_DEFAULT of a host queue %d %s\n", (int)err,
+           dq ? "a queue" : "NULL");
+    cl_mem m = make_buffer(ctx, CL_MEM_READ_WRITE, 64, NULL);
+    cl_uint packet = 0;
+    printf("apicheck: clGetPipeInfo of a buffer %d\n",
+           (int)clGetPipeInfo(m, CL_PIPE_PACKET_SIZE, sizeof packet, &packet, NULL));
+    CK(clReleaseMemObject(m));
+    CK(clReleaseCommandQueue(q));
+}
+
 /* `--device-queue`: asks for a device-side queue the device may not have
  * and prints the error (PoCL aborts the process instead: under crane remote
  * the proxy must refuse it and live on). */
@@ -331,6 +354,7 @@ int main(int argc, char **argv)
     program_devices(ctx, dev);
     errors_and_properties(plat, ctx, dev);
     posted_errors(ctx, dev);
+    more_queries(plat, ctx, dev);
     for (int i = 0; i < iters; i++) {
         big_buffers(ctx, dev, i);
         big_images(ctx, dev, i);

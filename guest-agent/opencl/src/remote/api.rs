@@ -685,6 +685,13 @@ fn create_queue(
                     .is_some_and(|v| v & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0)
         });
         obj(q)?.out_of_order.store(ooo, Ordering::Relaxed);
+        let default = props.chunks(2).any(|kv| {
+            kv[0] == CL_QUEUE_PROPERTIES as u64
+                && kv
+                    .get(1)
+                    .is_some_and(|v| v & CL_QUEUE_ON_DEVICE_DEFAULT != 0)
+        });
+        obj(q)?.device_default.store(default, Ordering::Relaxed);
         keep_props(q, app)
     })
     .cast()
@@ -735,6 +742,33 @@ pub unsafe extern "C" fn rGetCommandQueueInfo(
         && let Some(rc) = props_info(q.cast(), size, value, ret)
     {
         return rc;
+    }
+    if param == CL_QUEUE_DEVICE_DEFAULT {
+        // A handle, which the proxy does not answer: the default device
+        // queue of the queue's context and device, made here, else NULL.
+        return guard(|| {
+            let qo = obj(q.cast())?;
+            let dev = qo.dev.load(Ordering::Relaxed);
+            let live: Vec<usize> = qo
+                .session
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .copied()
+                .collect();
+            let found = live
+                .into_iter()
+                .find(|&p| {
+                    obj(p as *mut c_void).is_ok_and(|o| {
+                        o.device_default.load(Ordering::Relaxed)
+                            && o.context() == qo.context()
+                            && o.dev.load(Ordering::Relaxed) == dev
+                    })
+                })
+                .unwrap_or(0);
+            write_info(&found.to_ne_bytes(), size, value, ret)
+        });
     }
     info(q.cast(), InfoKind::Queue, param, size, value, ret)
 }
@@ -1107,6 +1141,16 @@ pub unsafe extern "C" fn rGetMemObjectInfo(
         return rc;
     }
     info(m.cast(), InfoKind::Mem, param, size, value, ret)
+}
+
+pub unsafe extern "C" fn rGetPipeInfo(
+    m: cl_mem,
+    param: cl_pipe_info,
+    size: usize,
+    value: *mut c_void,
+    ret: *mut usize,
+) -> cl_int {
+    info(m.cast(), InfoKind::Pipe, param, size, value, ret)
 }
 
 pub unsafe extern "C" fn rGetImageInfo(
@@ -2802,6 +2846,7 @@ pub static DISPATCH: _cl_icd_dispatch = {
     d.clGetSupportedImageFormats = Some(rGetSupportedImageFormats);
     d.clGetMemObjectInfo = Some(rGetMemObjectInfo);
     d.clGetImageInfo = Some(rGetImageInfo);
+    d.clGetPipeInfo = Some(rGetPipeInfo);
     d.clCreateSampler = Some(rCreateSampler);
     d.clCreateSamplerWithProperties = Some(rCreateSamplerWithProperties);
     d.clRetainSampler = Some(rRetainSampler);

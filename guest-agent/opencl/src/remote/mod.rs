@@ -69,6 +69,8 @@ pub struct RObj {
     pub ctx: std::sync::atomic::AtomicU64,
     /// For queues: the id of their device.
     pub dev: std::sync::atomic::AtomicU64,
+    /// For queues: made with CL_QUEUE_ON_DEVICE_DEFAULT.
+    pub device_default: std::sync::atomic::AtomicBool,
     /// For kernels: their description, fetched once (None inside: the proxy
     /// could not give it; nothing is checked on the client then).
     pub kmeta: std::sync::OnceLock<Option<Arc<check::KernelMeta>>>,
@@ -103,6 +105,7 @@ impl RObj {
             app_props: Mutex::new(None),
             ctx: Default::default(),
             dev: Default::default(),
+            device_default: Default::default(),
             kmeta: std::sync::OnceLock::new(),
             set_args: Mutex::new(Vec::new()),
         });
