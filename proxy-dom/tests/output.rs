@@ -225,3 +225,118 @@ fn no_output_is_sent_when_capture_is_off() {
     a.launch(2, 0);
     assert_eq!(a.finish(), "");
 }
+
+const SLOW: &str = r#"
+__kernel void slow(__global ulong *out, ulong n, uint tag) {
+    ulong x = 0;
+    for (ulong i = 0; i < n; i++)
+        x = x * 6364136223846793005UL + i;
+    out[0] = x;
+    printf("tenant %u late\n", tag);
+}
+"#;
+
+/// One session with the slow kernel: launches it with `n` iterations.
+struct Slow {
+    c: Client,
+    env: Env,
+    kernel: Id,
+}
+
+impl Slow {
+    fn open(p: &ProxyProcess, token: &str) -> Slow {
+        let mut c = Client::connect_tcp(p.tcp, token).expect("a session opens");
+        let env = setup(&mut c);
+        let program = build(&mut c, &env, SLOW);
+        let kernel = c.id();
+        c.post(
+            Call::CreateKernel {
+                id: kernel,
+                program,
+                name: "slow".into(),
+            },
+            &[],
+        );
+        let out = create_buffer(&mut c, &env, CL_MEM_READ_WRITE, 8, None);
+        c.post(
+            Call::SetKernelArg {
+                kernel,
+                index: 0,
+                arg: KernelArg::Object(out),
+            },
+            &[],
+        );
+        c.post(
+            Call::SetKernelArg {
+                kernel,
+                index: 2,
+                arg: KernelArg::Bytes(1u32.to_ne_bytes().to_vec()),
+            },
+            &[],
+        );
+        assert!(c.sync().is_empty());
+        Slow { c, env, kernel }
+    }
+
+    fn launch(&mut self, n: u64) {
+        self.c.post(
+            Call::SetKernelArg {
+                kernel: self.kernel,
+                index: 1,
+                arg: KernelArg::Bytes(n.to_ne_bytes().to_vec()),
+            },
+            &[],
+        );
+        self.c.post(
+            Call::EnqueueNdRange {
+                queue: self.env.queue,
+                kernel: self.kernel,
+                dims: 1,
+                offset: None,
+                global: [1, 1, 1],
+                local: None,
+                sync: Sync::default(),
+            },
+            &[],
+        );
+        assert!(self.c.sync().is_empty());
+    }
+}
+
+/// A session that goes while its kernel still runs, past the teardown
+/// timeout: what that kernel prints later is never given to the session
+/// that is then the only other printer (it stays a printer until its queues
+/// have drained, so the output cannot be told apart and is logged).
+#[test]
+fn a_late_kernel_of_a_closed_session_prints_to_nobody_else() {
+    let p = ProxyProcess::start(&["--teardown-timeout", "1"]);
+    let mut a = Slow::open(&p, TOKEN_A);
+    // Calibrate: iterations for about 4 s, well past the teardown timeout.
+    let n0 = 1u64 << 22;
+    let t = Instant::now();
+    a.launch(n0);
+    let (st, _) = a.c.call(Call::Finish { queue: a.env.queue }, &[]);
+    assert_eq!(st, Answer::Status(CL_SUCCESS));
+    assert_eq!(
+        String::from_utf8(a.c.take_output()).unwrap(),
+        "tenant 1 late\n"
+    );
+    let per = t.elapsed().as_secs_f64().max(1e-3) / n0 as f64;
+    let n = ((4.0 / per) as u64).max(n0);
+    a.launch(n);
+    let gone = Instant::now();
+    drop(a);
+    // Teardown gives up after 1 s; then b is the only session whose
+    // programs print, while a's kernel runs on for about 3 s more.
+    let mut b = Printer::open(&p, TOKEN_B, 2);
+    let mut got = String::new();
+    while gone.elapsed() < Duration::from_secs(8) {
+        b.launch(1, 0);
+        got += &b.finish();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!got.contains("tenant 1"), "another session's output: {got}");
+    // Once a's queue has drained, b gets its own output again.
+    b.launch(2, 0);
+    assert_eq!(b.finish(), b.lines(2));
+}

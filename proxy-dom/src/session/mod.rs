@@ -173,17 +173,21 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         End::Eof | End::Bye => {}
     }
     let started = Instant::now();
+    let mut drained = true;
     match catch_unwind(AssertUnwindSafe(|| session.teardown())) {
-        Ok(released) => limited!(
-            Level::Info,
-            "session {id} (tenant {tenant}) closed{}: {released} object(s) released in {:.1} ms",
-            if matches!(end, End::Bye) {
-                " by the client"
-            } else {
-                ""
-            },
-            started.elapsed().as_secs_f64() * 1e3
-        ),
+        Ok((released, all_drained)) => {
+            drained = all_drained;
+            limited!(
+                Level::Info,
+                "session {id} (tenant {tenant}) closed{}: {released} object(s) released in {:.1} ms",
+                if matches!(end, End::Bye) {
+                    " by the client"
+                } else {
+                    ""
+                },
+                started.elapsed().as_secs_f64() * 1e3
+            )
+        }
         Err(_) => {
             shared.count_panic();
             limited!(
@@ -192,10 +196,20 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
             );
         }
     }
-    writer.output.session_ended();
+    // Kernels of queues that did not drain may still print: the session
+    // stays among the printers until its drain thread has finished them, so
+    // that their output is never taken for another session's.
+    if drained {
+        writer.output.session_ended();
+    }
     writer.close();
     stream.shutdown(Shutdown::Both);
 }
+
+/// The drain thread finished the session's queues ([`Session::drain_queues`]).
+const DRAIN_DONE: u8 = 1;
+/// The session stopped waiting for its drain thread.
+const DRAIN_GAVE_UP: u8 = 2;
 
 /// Why a connection that closed without sending a byte ended.
 const CLOSED_BEFORE_HELLO: &str = "the connection closed before Hello";
@@ -870,8 +884,9 @@ impl Session {
     /// Ends the session's OpenCL work: fails the user events nobody set,
     /// lets the queues drain (bounded by the teardown timeout), collects the
     /// callbacks still owed, then releases every object, dependents first.
-    /// Returns how many objects were released.
-    fn teardown(&mut self) -> usize {
+    /// Returns how many objects were released, and whether the queues
+    /// drained in time.
+    fn teardown(&mut self) -> (usize, bool) {
         for e in self.objects.unset_user_events() {
             if let Ok(f) = vfn!(e.get(), clSetUserEventStatus) {
                 // SAFETY: a live user event whose status was never set;
@@ -880,9 +895,7 @@ impl Session {
             }
         }
         let queues = self.objects.live_of(Kind::Queue);
-        if !queues.is_empty() {
-            self.drain_queues(queues);
-        }
+        let drained = queues.is_empty() || self.drain_queues(queues);
         self.completion.drop_waits();
         self.completion.stop();
         let all = self.objects.take_for_teardown();
@@ -893,13 +906,15 @@ impl Session {
         // Pinned buffers still in use keep their pool (and its context).
         self.pinned_by_queue.clear();
         self.pinned_pools.clear();
-        n
+        (n, drained)
     }
 
     /// Finishes the queues on a helper thread, waiting at most the teardown
     /// timeout: a queue stuck on the device must not keep the session's
-    /// resources (the helper then finishes it on its own).
-    fn drain_queues(&self, queues: Vec<VPtr>) {
+    /// resources (the helper then finishes it on its own, and only then
+    /// takes the session out of the kernel-output printers). Returns whether
+    /// the queues drained in time.
+    fn drain_queues(&self, queues: Vec<VPtr>) -> bool {
         for q in &queues {
             if let Ok(f) = vfn!(q.get(), clRetainCommandQueue) {
                 // SAFETY: a live queue; the helper owns this reference.
@@ -907,6 +922,11 @@ impl Session {
             }
         }
         let (tx, rx) = mpsc::channel();
+        let writer = self.writer.clone();
+        // Which of the two sides finished first: the one that comes second
+        // takes the session out of the printers (below).
+        let handover = Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let theirs = handover.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("crane-drain-{}", self.id))
             .spawn(move || {
@@ -917,6 +937,10 @@ impl Session {
                     }
                     release(Kind::Queue, Detail::Plain, q);
                 }
+                if theirs.swap(DRAIN_DONE, std::sync::atomic::Ordering::AcqRel) == DRAIN_GAVE_UP {
+                    // The session gave up waiting and left this to us.
+                    writer.output.session_ended();
+                }
                 let _ = tx.send(());
             });
         if spawned.is_err() {
@@ -925,12 +949,12 @@ impl Session {
                 "session {}: cannot start a thread to drain its queues",
                 self.id
             );
-            return;
+            return false;
         }
-        if rx
-            .recv_timeout(self.shared.config.teardown_timeout)
-            .is_err()
-        {
+        let waited = rx.recv_timeout(self.shared.config.teardown_timeout);
+        let drained = waited.is_ok()
+            || handover.swap(DRAIN_GAVE_UP, std::sync::atomic::Ordering::AcqRel) == DRAIN_DONE;
+        if !drained {
             limited!(
                 Level::Warn,
                 "session {}: its queues did not drain within {:?}; releasing its objects anyway",
@@ -938,6 +962,7 @@ impl Session {
                 self.shared.config.teardown_timeout
             );
         }
+        drained
     }
 }
 
