@@ -243,7 +243,8 @@ static void posted_errors(cl_context ctx, cl_device_id dev)
     const char *src =
         "__kernel void k(__global int *p, __local int *l, char4 c, int n) { p[0] = n; }\n"
         "__kernel __attribute__((reqd_work_group_size(2, 1, 1)))\n"
-        "void r(__global int *p) { p[get_global_id(0)] = 1; }\n";
+        "void r(__global int *p) { p[get_global_id(0)] = 1; }\n"
+        "__kernel void w(__global long *p, long v) { p[0] = v; }\n";
     cl_int err;
     cl_command_queue q = clCreateCommandQueue(ctx, dev, 0, &err);
     CKE(err, "clCreateCommandQueue");
@@ -287,6 +288,18 @@ static void posted_errors(cl_context ctx, cl_device_id dev)
            ev ? "event" : "no event");
     CK(clEnqueueNDRangeKernel(q, r, 1, NULL, &g, &l2, 0, NULL, NULL));
     printf("apicheck: clFinish after them %d\n", (int)clFinish(q));
+    /* A value argument read from an address that is not aligned. */
+    cl_kernel w = make_kernel(prog, "w");
+    unsigned char raw[16];
+    cl_long v = 0x0102030405060708LL, got = 0;
+    memcpy(raw + 1, &v, sizeof v);
+    CK(clSetKernelArg(w, 0, sizeof m, &m));
+    CK(clSetKernelArg(w, 1, sizeof v, raw + 1));
+    size_t one = 1;
+    CK(clEnqueueNDRangeKernel(q, w, 1, NULL, &one, NULL, 0, NULL, NULL));
+    CK(clEnqueueReadBuffer(q, m, CL_TRUE, 0, sizeof got, &got, 0, NULL, NULL));
+    printf("apicheck: unaligned 8-byte argument %llx\n", (unsigned long long)got);
+    CK(clReleaseKernel(w));
     CK(clSetUserEventStatus(u, CL_COMPLETE));
     CK(clReleaseEvent(u));
     CK(clReleaseContext(other));

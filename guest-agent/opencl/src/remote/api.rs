@@ -332,7 +332,7 @@ fn three(p: *const usize) -> [usize; 3] {
         [0; 3]
     } else {
         // SAFETY: OpenCL passes three values.
-        unsafe { *(p as *const [usize; 3]) }
+        unsafe { (p as *const [usize; 3]).read_unaligned() }
     }
 }
 
@@ -1744,8 +1744,9 @@ pub unsafe extern "C" fn rSetKernelArg(
             let bytes = slice(value as *const u8, size);
             let as_obj = (size == size_of::<usize>())
                 .then(|| {
-                    // SAFETY: `value` holds a pointer-sized value.
-                    let p = unsafe { *(value as *const usize) };
+                    // SAFETY: `value` holds a pointer-sized value, not
+                    // necessarily aligned (crane replays recorded bytes).
+                    let p = unsafe { (value as *const usize).read_unaligned() };
                     o.session
                         .live
                         .lock()
