@@ -331,6 +331,22 @@ static void more_queries(cl_platform_id plat, cl_context ctx, cl_device_id dev)
     CK(clReleaseCommandQueue(q));
 }
 
+/* `--svm`: the device's SVM capabilities and whether clSVMAlloc gives
+ * memory (under crane remote, SVM is not forwarded: the device must say it
+ * has none). */
+static void svm(cl_platform_id plat, cl_context ctx, cl_device_id dev)
+{
+    cl_device_svm_capabilities caps = 0;
+    cl_int err = platform_version(plat) >= 20
+                     ? clGetDeviceInfo(dev, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, NULL)
+                     : CL_INVALID_VALUE;
+    void *p = err == CL_SUCCESS ? clSVMAlloc(ctx, CL_MEM_READ_WRITE, 64, 0) : NULL;
+    printf("apicheck: svm capabilities %d %s, clSVMAlloc %s\n", (int)err, caps ? "some" : "none",
+           p ? "memory" : "NULL");
+    if (p)
+        clSVMFree(ctx, p);
+}
+
 /* `--device-queue`: asks for a device-side queue the device may not have
  * and prints the error (PoCL aborts the process instead: under crane remote
  * the proxy must refuse it and live on). */
@@ -353,11 +369,18 @@ int main(int argc, char **argv)
 {
     g_prog = "apicheck";
     int dq = argc > 1 && strcmp(argv[1], "--device-queue") == 0;
-    int iters = dq ? 1 : parse_iters(argc, argv, 2);
+    int sv = argc > 1 && strcmp(argv[1], "--svm") == 0;
+    int iters = dq || sv ? 1 : parse_iters(argc, argv, 2);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
     cl_context ctx = make_context(plat, dev);
+    if (sv) {
+        svm(plat, ctx, dev);
+        CK(clReleaseContext(ctx));
+        print_result();
+        return 0;
+    }
     if (dq) {
         device_queue(ctx, dev);
         CK(clReleaseContext(ctx));

@@ -679,3 +679,31 @@ fn kernel_printf_output_reaches_the_application() {
     let proxy = Proxy::start("printf", false, &[("abc", "t")]);
     same_as_native_remote("printf", &[], &proxy, "abc");
 }
+
+/// SVM is not remoted: a remote device says it has no SVM capabilities, so
+/// that applications take the path of a device without SVM (the CTS's SVM
+/// sub-tests skip instead of failing on a NULL clSVMAlloc), and clSVMAlloc
+/// gives NULL.
+#[test]
+fn a_remote_device_has_no_svm() {
+    let proxy = Proxy::start("svm", false, &[("abc", "t")]);
+    let out = Command::new(apps().join("apicheck"))
+        .arg("--svm")
+        .env("LD_PRELOAD", library())
+        .env("CRANE_CONTROL", "0")
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "abc")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("svm capabilities 0 none, clSVMAlloc NULL"),
+        "{stdout}"
+    );
+}

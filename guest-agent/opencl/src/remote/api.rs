@@ -511,7 +511,19 @@ pub unsafe extern "C" fn rGetDeviceInfo(
     value: *mut c_void,
     ret: *mut usize,
 ) -> cl_int {
-    info(d.cast(), InfoKind::Device, param, size, value, ret)
+    let rc = info(d.cast(), InfoKind::Device, param, size, value, ret);
+    // SVM is not remoted (clSVMAlloc has no remote entry): the device
+    // answers as one without SVM does, so that applications (and the CTS)
+    // take the paths they take on such a device.
+    if rc == CL_SUCCESS
+        && param == CL_DEVICE_SVM_CAPABILITIES
+        && !value.is_null()
+        && size >= size_of::<cl_device_svm_capabilities>()
+    {
+        // SAFETY: the caller's value holds at least one bitfield, as checked.
+        unsafe { (value as *mut cl_device_svm_capabilities).write_unaligned(0) };
+    }
+    rc
 }
 
 pub unsafe extern "C" fn rCreateSubDevices(
