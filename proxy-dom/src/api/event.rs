@@ -86,6 +86,12 @@ impl Session {
         let Ok(h) = o.handle else {
             return Ok(());
         };
+        if o.kind == Kind::Context {
+            // The context's staging pool goes with it (once the transfers
+            // using its buffers are done), and so does the pool's
+            // reference to the vendor context.
+            self.pinned_pools.remove(&h);
+        }
         if o.detail == (Detail::UserEvent { set: false }) {
             // Commands may wait on it: teardown must still be able to fail it.
             self.objects.keep_unset(h);

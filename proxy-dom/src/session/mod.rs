@@ -68,7 +68,11 @@ pub(crate) struct Session {
     /// off), its pools by context, and each queue's pool (None when its
     /// context has none).
     pinned_budget: Option<Arc<crate::pinned::Budget>>,
-    pinned_pools: std::collections::HashMap<crate::vendor::VPtr, Arc<crate::pinned::Pool>>,
+    /// Pinned staging per vendor context, made at the context's first
+    /// transfer; dropped when the client releases the context (the pool
+    /// holds a reference to it).
+    pub(crate) pinned_pools:
+        std::collections::HashMap<crate::vendor::VPtr, Arc<crate::pinned::Pool>>,
     pub pinned_by_queue: std::collections::HashMap<Id, Option<Arc<crate::pinned::Pool>>>,
     /// Whether the client had sent nothing beyond the call being run.
     pub client_idle: bool,
