@@ -31,6 +31,11 @@
  *   --binary-hold
  *              asks for a program's binary size, waits for a line on stdin,
  *              then for the binary (the tests suspend and resume in between).
+ *   --compile-hold
+ *              compiles a program that includes a header from a directory it
+ *              then removes (as the CTS's test_compiler does), waits for a
+ *              line on stdin, then links it and runs its kernel (the tests
+ *              suspend and resume in between).
  *   --host-ptr-hold
  *              after a line on stdin, a kernel writes a CL_MEM_USE_HOST_PTR image (row pitch with
  *              padding) and buffer, clEnqueueWriteBuffer a second buffer; waits for a line on stdin, then reads both back and
@@ -1835,6 +1840,55 @@ static void binary_hold(struct env *v)
     printf("binary ok\n");
 }
 
+/* --compile-hold: clCompileProgram with -I DIR, DIR removed at once,
+ * "compiled"; after a line on stdin, clLinkProgram and a launch of its
+ * kernel, "compile-hold value N" (the tests suspend and resume in between:
+ * resume cannot compile the program again, its header is gone). */
+static void compile_hold(struct env *v)
+{
+    char dir[] = "/tmp/badinput-hdr-XXXXXX";
+    if (!mkdtemp(dir))
+        fail("mkdtemp failed");
+    char hdr[sizeof dir + 32];
+    snprintf(hdr, sizeof hdr, "%s/crane_hold.h", dir);
+    FILE *f = fopen(hdr, "w");
+    if (!f)
+        fail("cannot write the header");
+    fputs("#define HOLD_VALUE 4242\n", f);
+    fclose(f);
+    static const char *src = "#include \"crane_hold.h\"\n"
+                             "__kernel void held(__global int *o) { o[0] = HOLD_VALUE + (int)get_global_size(0); }\n";
+    cl_int err;
+    cl_program p = clCreateProgramWithSource(v->ctx, 1, &src, NULL, &err);
+    CKE(err, "clCreateProgramWithSource");
+    char opts[sizeof dir + 8];
+    snprintf(opts, sizeof opts, "-I %s", dir);
+    CK(clCompileProgram(p, 1, &v->dev, opts, 0, NULL, NULL, NULL, NULL));
+    unlink(hdr);
+    rmdir(dir);
+    printf("compiled\n");
+    fflush(stdout);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin))
+        fail("stdin closed before the link");
+    cl_program linked = clLinkProgram(v->ctx, 1, &v->dev, NULL, 1, &p, NULL, NULL, &err);
+    CKE(err, "clLinkProgram");
+    cl_kernel k = clCreateKernel(linked, "held", &err);
+    CKE(err, "clCreateKernel");
+    cl_mem o = clCreateBuffer(v->ctx, CL_MEM_READ_WRITE, sizeof(cl_int), NULL, &err);
+    CKE(err, "clCreateBuffer");
+    CK(clSetKernelArg(k, 0, sizeof o, &o));
+    size_t g = 3;
+    CK(clEnqueueNDRangeKernel(v->q, k, 1, NULL, &g, NULL, 0, NULL, NULL));
+    cl_int got = 0;
+    CK(clEnqueueReadBuffer(v->q, o, CL_TRUE, 0, sizeof got, &got, 0, NULL, NULL));
+    printf("compile-hold value %d\n", got);
+    CK(clReleaseMemObject(o));
+    CK(clReleaseKernel(k));
+    CK(clReleaseProgram(linked));
+    CK(clReleaseProgram(p));
+}
+
 /* --host-ptr-hold: "host-ptr created" once the objects exist; after a line on
  * stdin, "host-ptr written" once a kernel has written a
  * CL_MEM_USE_HOST_PTR image and buffer and clEnqueueWriteBuffer a second
@@ -2007,7 +2061,7 @@ static void wait_in_call(struct env *v, int ms)
 int main(int argc, char **argv)
 {
     g_prog = "badinput";
-    int faults = 0, work = 0, wait_ms = 0, binary = 0, bad_arg = 0, host_ptr = 0;
+    int faults = 0, work = 0, wait_ms = 0, binary = 0, bad_arg = 0, host_ptr = 0, compile = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--foreign") == 0)
             g_foreign = 1;
@@ -2021,12 +2075,14 @@ int main(int argc, char **argv)
             bad_arg = 1;
         else if (strcmp(argv[i], "--host-ptr-hold") == 0)
             host_ptr = 1;
+        else if (strcmp(argv[i], "--compile-hold") == 0)
+            compile = 1;
         else if (strcmp(argv[i], "--wait-in-call") == 0 && i + 1 < argc)
             wait_ms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             i++; /* run-native.sh passes --iters; there is nothing to repeat */
         else {
-            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--host-ptr-hold] [--repeat-bad-arg] [--wait-in-call MS] [--iters N]\n",
+            fprintf(stderr, "usage: %s [--foreign] [--faults] [--work] [--binary-hold] [--compile-hold] [--host-ptr-hold] [--repeat-bad-arg] [--wait-in-call MS] [--iters N]\n",
                     argv[0]);
             return 2;
         }
@@ -2054,6 +2110,11 @@ int main(int argc, char **argv)
         return 0;
     }
     setup(&v);
+    if (compile) {
+        compile_hold(&v);
+        print_result();
+        return 0;
+    }
     if (binary) {
         binary_hold(&v);
         print_result();

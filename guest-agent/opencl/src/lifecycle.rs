@@ -180,6 +180,9 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
     };
     tm.lap("read-dirty", bytes);
     save_events();
+    for p in handle::live::<Program>() {
+        program::save_compiled(&p);
+    }
     Ok(())
 }
 
@@ -911,6 +914,10 @@ fn recreate(reinjected: &mut u64, reinject_time: &mut Duration) -> ClResult<()> 
     for linked in [false, true] {
         for p in &progs {
             if matches!(p.source, ProgramSource::Linked { .. }) != linked {
+                continue;
+            }
+            if !linked && let Some(v) = program::vendor_create_compiled(p) {
+                p.base.set_vendor(v);
                 continue;
             }
             let v = program::vendor_create(p)?;

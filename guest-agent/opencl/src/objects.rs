@@ -291,6 +291,9 @@ impl BuildStep {
     }
 }
 
+/// One binary per device, as `clCreateProgramWithBinary` takes them.
+pub type DeviceBinaries = Vec<(Arc<Device>, Vec<u8>)>;
+
 pub struct Program {
     pub base: Base,
     pub context: Arc<Context>,
@@ -305,6 +308,11 @@ pub struct Program {
     /// whose new binary may be longer (PoCL's is): the buffers are filled from
     /// this copy, never past the sizes the application was given.
     pub reported_binaries: Mutex<Option<Vec<Vec<u8>>>>,
+    /// The compiled object of a program whose latest step is a
+    /// clCompileProgram, kept at suspend: resume makes the program from it
+    /// rather than compiling again, which may not work a second time (the
+    /// CTS compiles with `-I DIR` and removes DIR at once).
+    pub compiled: Mutex<Option<DeviceBinaries>>,
 }
 cl_object!(Program, Program, clReleaseProgram);
 

@@ -718,6 +718,52 @@ fn binary_sized_before_a_suspend_fits_after_it() {
     assert!(out.status.success(), "{}", out.status);
 }
 
+/// A program compiled with `-I DIR` whose DIR is gone by the next suspend
+/// (the CTS's test_compiler removes its header directories at once): resume
+/// makes it from the compiled object kept at suspend, so that the later
+/// clLinkProgram works as natively (before, resume compiled it again, failed,
+/// and the link crashed PoCL).
+#[test]
+fn a_compiled_program_whose_headers_are_gone_survives_a_suspend() {
+    let native = {
+        let mut child = Command::new(badinput())
+            .arg("--compile-hold")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "go").unwrap();
+        finish(
+            child,
+            Duration::from_secs(120),
+            "badinput --compile-hold (native)",
+        )
+    };
+    assert!(native.status.success(), "{}", stderr_of(&native));
+    let want = lines_with(&stdout_of(&native), "compile-hold value ")
+        .first()
+        .map(|l| l.to_string())
+        .expect("a value natively");
+    let dir = run_dir("compile");
+    let (child, mut stdin, mut out, sock) = held(&["--compile-hold"], dir.path());
+    assert_eq!(next_line(&mut out), "compiled");
+    suspend_resume(&sock);
+    suspend_resume(&sock);
+    writeln!(stdin, "go").unwrap();
+    let got = next_line(&mut out);
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        got,
+        want,
+        "{}; stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{}", out.status);
+}
+
 /// A kernel's writes to a CL_MEM_USE_HOST_PTR image and buffer, and a
 /// clEnqueueWriteBuffer to the buffer, survive suspend/resume: at resume such
 /// objects are rebuilt from the application's host memory, so suspend must

@@ -40,7 +40,76 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
         steps: Mutex::new(Vec::new()),
         arg_info_hidden: AtomicBool::new(false),
         reported_binaries: Mutex::new(None),
+        compiled: Mutex::new(None),
     }
+}
+
+/// Suspend: keeps the compiled object of a program whose latest step is a
+/// clCompileProgram that worked, for [`vendor_create_compiled`]. Anything
+/// the vendor does not give leaves the program to be compiled again.
+pub fn save_compiled(p: &Program) {
+    let last_is_compile = matches!(
+        p.steps.lock().unwrap_or_else(|e| e.into_inner()).last(),
+        Some(BuildStep::Compile { .. })
+    );
+    let v = p.base.vendor();
+    if !last_is_compile || v.is_null() {
+        return;
+    }
+    let saved = (|| -> ClResult<DeviceBinaries> {
+        let devices = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())?;
+        let bins = vendor_binaries(v)?;
+        let build_info = vfn!(v, clGetProgramBuildInfo)?;
+        let mut out = Vec::new();
+        for (vd, bin) in devices.into_iter().zip(bins) {
+            let mut ty: cl_program_binary_type = 0;
+            // SAFETY: one value of the queried type.
+            check(unsafe {
+                build_info(
+                    v.cast(),
+                    vd.cast(),
+                    CL_PROGRAM_BINARY_TYPE,
+                    size_of::<cl_program_binary_type>(),
+                    (&raw mut ty).cast(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+            let dev = p.context.devices.iter().find(|d| d.base.vendor() == vd);
+            match dev {
+                Some(d) if ty == CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT && !bin.is_empty() => {
+                    out.push((d.clone(), bin))
+                }
+                _ => return Err(CL_INVALID_PROGRAM),
+            }
+        }
+        Ok(out)
+    })();
+    match saved {
+        Ok(bins) => *p.compiled.lock().unwrap_or_else(|e| e.into_inner()) = Some(bins),
+        // A program made from the kept object at an earlier resume need not
+        // give it back (PoCL 3.1 does not): the kept one stays.
+        Err(e) => crate::config::debug!("the compiled object of a program is not read: {e}"),
+    }
+}
+
+/// Resume: the program made from the compiled object [`save_compiled`]
+/// kept, or None (then it is made and compiled again from its source).
+pub fn vendor_create_compiled(p: &Program) -> Option<*mut c_void> {
+    let bins = p
+        .compiled
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()?;
+    let mut err = CL_SUCCESS;
+    let v = create_from_binaries(p.context.base.vendor(), &bins, &mut err).ok()?;
+    if err == CL_SUCCESS && !v.is_null() {
+        return Some(v);
+    }
+    if !v.is_null() {
+        // SAFETY: the program just made, not handed out.
+        unsafe { crate::vendor::release(v, |t| t.clReleaseProgram) };
+    }
+    None
 }
 
 /// A vendor program's answer to `param` as an array of `T` (a size query,
@@ -512,6 +581,7 @@ pub unsafe extern "C" fn clBuildProgram(
                     options: opts,
                     arg_info,
                 });
+            *prog.compiled.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         if added && records_step(rc) {
             let (cb, ud) = build_notify(f, user_data, p as usize);
@@ -596,6 +666,8 @@ pub unsafe extern "C" fn clCompileProgram(
                     options: opts,
                     headers: recorded,
                 });
+            // What an earlier suspend kept is not this compile's object.
+            *prog.compiled.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         check(rc)
     })
@@ -718,7 +790,11 @@ pub unsafe extern "C" fn clSetProgramSpecializationConstant(
         // (consistency_il_programs) asks of a device without IL and what
         // NVIDIA answers natively.
         if !matches!(prog.source, ProgramSource::Il(_)) {
-            let il = prog.context.devices.iter().any(|d| takes_il(d.base.vendor()));
+            let il = prog
+                .context
+                .devices
+                .iter()
+                .any(|d| takes_il(d.base.vendor()));
             return Err(if il {
                 CL_INVALID_PROGRAM
             } else {
