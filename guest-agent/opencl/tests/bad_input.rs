@@ -699,9 +699,16 @@ fn status_inside_a_long_call_is_answered_busy() {
 /// to land on it.
 #[test]
 fn binary_sized_before_a_suspend_fits_after_it() {
-    let dir = run_dir("binary");
-    let (child, mut stdin, mut out, sock) = held(&["--binary-hold"], dir.path());
-    assert_eq!(next_line(&mut out), "binary sized");
+    held_through_two_cycles("binary", "--binary-hold", "binary sized", "binary ok");
+}
+
+/// `badinput MODE` under crane: once it prints `ready`, two suspend/resume
+/// cycles, then a line on its stdin; its next line must be `want` and it
+/// must exit cleanly.
+fn held_through_two_cycles(tag: &str, mode: &str, ready: &str, want: &str) {
+    let dir = run_dir(tag);
+    let (child, mut stdin, mut out, sock) = held(&[mode], dir.path());
+    assert_eq!(next_line(&mut out), ready);
     suspend_resume(&sock);
     suspend_resume(&sock);
     writeln!(stdin, "go").unwrap();
@@ -710,7 +717,7 @@ fn binary_sized_before_a_suspend_fits_after_it() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(
         got,
-        "binary ok",
+        want,
         "{}; stderr: {}",
         out.status,
         String::from_utf8_lossy(&out.stderr)
@@ -745,23 +752,7 @@ fn a_compiled_program_whose_headers_are_gone_survives_a_suspend() {
         .first()
         .map(|l| l.to_string())
         .expect("a value natively");
-    let dir = run_dir("compile");
-    let (child, mut stdin, mut out, sock) = held(&["--compile-hold"], dir.path());
-    assert_eq!(next_line(&mut out), "compiled");
-    suspend_resume(&sock);
-    suspend_resume(&sock);
-    writeln!(stdin, "go").unwrap();
-    let got = next_line(&mut out);
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        got,
-        want,
-        "{}; stderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{}", out.status);
+    held_through_two_cycles("compile", "--compile-hold", "compiled", &want);
 }
 
 /// A kernel's writes to a CL_MEM_USE_HOST_PTR image and buffer, and a
