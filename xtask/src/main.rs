@@ -21,6 +21,8 @@
 //!   loader's and crane's own costs, free of a real vendor's noise).
 //! * `cargo xtask bench-remote [SECS]` — frame rate, round trip and bandwidth
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
+//! * `cargo xtask bench-data [--sizes 1K,..,256M] [--rounds N]` — every way an
+//!   application moves data (benches/data.c), natively and under crane, as ratios.
 //! * `cargo xtask conformance [--modes ...] [--ci] [SUITE[:SUBTEST,...]...]` —
 //!   the Khronos OpenCL CTS natively and through crane in each mode
 //!   (passthrough, suspend/resume cycles, remote, remote/local switches); fails
@@ -36,6 +38,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use crane_test_vms::tier::{self, Readiness};
 
+mod bench_data;
 mod conformance;
 
 fn root() -> PathBuf {
@@ -45,7 +48,7 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: {cmd:?}");
     let st = cmd
         .status()
@@ -156,6 +159,20 @@ fn test() -> Result<()> {
             proxy.as_os_str(),
         ]);
         conformance::main(args, &root(), |_| unreachable!("both binaries are given"))?;
+        // Every transfer path at tiny sizes, natively and under crane: the
+        // benchmark cannot rot, and each path's bytes are checked under crane.
+        let args = bench_data::Args::parse_from([
+            "bench-data".as_ref(),
+            "--sizes".as_ref(),
+            "4K,1M".as_ref(),
+            "--bytes-per-path".as_ref(),
+            "4M".as_ref(),
+            "--rounds".as_ref(),
+            "1".as_ref(),
+            "--lib".as_ref(),
+            lib.as_os_str(),
+        ]);
+        bench_data::main(args, &root(), || unreachable!("the library is given"))?;
     }
     eprintln!(
         "xtask: unit, integration and conformance tiers passed in {:.0} s; now the end-to-end tier",
@@ -685,6 +702,18 @@ fn main() -> Result<()> {
         Some("demo") => demo(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("bench-remote") => bench_remote(&args[1..]),
+        Some("bench-data") => {
+            use clap::Parser;
+            let a = bench_data::Args::parse_from(
+                std::iter::once("cargo xtask bench-data".to_string())
+                    .chain(args[1..].iter().cloned()),
+            );
+            bench_data::main(a, &root(), || {
+                ensure_packages()?;
+                run(cargo().args(["build", "--release", "-p", "crane-opencl"]))?;
+                Ok(root().join("target/release/libcrane_opencl.so"))
+            })
+        }
         Some("testbed") => crane_test_vms::cli(&args[1..]),
         Some("proxy-image") => crane_test_vms::proxy_image::cli(&args[1..]),
         Some("conformance") => {
@@ -696,8 +725,8 @@ fn main() -> Result<()> {
             conformance::main(a, &root(), build_for_conformance)
         }
         other => bail!(
-            "unknown xtask command {other:?}; try test, demo, bench, bench-remote, testbed, \
-             proxy-image or conformance"
+            "unknown xtask command {other:?}; try test, demo, bench, bench-remote, bench-data, \
+             testbed, proxy-image or conformance"
         ),
     }
 }

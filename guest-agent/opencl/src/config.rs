@@ -21,6 +21,10 @@ pub struct Config {
     /// `CRANE_WRITE_CACHE_MAX` (bytes, default 1 MiB): host writes larger
     /// than this are not kept; their buffer is read back at suspend.
     pub write_cache_max: usize,
+    /// `CRANE_PIN_CPU=1` pins map memory and RAM copies on CPU devices too
+    /// (`staging`), where pinning buys nothing: so that PoCL runs the paths
+    /// GPUs take (tests).
+    pub pin_on_cpu: bool,
     /// `CRANE_CONTROL=0` starts no control socket (for benchmarks of the bare
     /// forwarding path).
     pub control_socket: bool,
@@ -68,6 +72,7 @@ pub fn get() -> &'static Config {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1 << 20),
+            pin_on_cpu: flag("CRANE_PIN_CPU", false),
             control_socket: flag("CRANE_CONTROL", true),
             remote_batch: flag("CRANE_REMOTE_BATCH", true),
             remote_spin_us: std::env::var("CRANE_REMOTE_SPIN_US")

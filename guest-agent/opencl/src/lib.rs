@@ -28,6 +28,7 @@ pub mod handle;
 pub mod lifecycle;
 pub mod objects;
 pub mod remote;
+pub mod staging;
 pub mod vendor;
 
 // Every entry point turns a panic into an error code with catch_unwind, which

@@ -96,6 +96,8 @@ pub struct Context {
     pub notify: ContextNotify,
     pub notify_data: usize,
     pub destructors: Mutex<Vec<Arc<Callback>>>,
+    /// Host memory for maps (see `staging`).
+    pub staging: Arc<crate::staging::Pool>,
 }
 cl_object!(
     Context,
@@ -161,7 +163,7 @@ pub enum MemKind {
 #[derive(Default)]
 pub struct Shadow {
     /// Whole-object contents (images: tightly packed), when known.
-    pub data: Option<Vec<u8>>,
+    pub data: Option<crate::staging::HostBytes>,
 }
 
 pub struct MapRecord {
@@ -172,7 +174,7 @@ pub struct MapRecord {
     /// Image maps: region and pitches crane chose.
     pub image: Option<([usize; 3], [usize; 3], usize, usize)>,
     /// Crane-owned memory behind `ptr` (absent for USE_HOST_PTR objects).
-    pub storage: Option<Box<[u8]>>,
+    pub storage: Option<crate::staging::Staging>,
 }
 
 // SAFETY: the raw pointers inside image descriptors are vendor handles crane

@@ -60,6 +60,25 @@ fn gate_without_membarrier() {
     }
 }
 
+/// With map memory and RAM copies pinned as on a GPU (`CRANE_PIN_CPU=1`):
+/// maps served from pinned pooled regions, dirty buffers read into pinned RAM
+/// copies and re-injected by writes from them at resume; every result must
+/// still be native's across the cycles.
+#[test]
+fn pinned_staging_as_on_a_gpu() {
+    let mut mode = Mode::preload();
+    mode.env.push(("CRANE_PIN_CPU", "1".into()));
+    // Every host write read back at suspend: the re-injection path for all.
+    mode.env.push(("CRANE_WRITE_CACHE", "0".into()));
+    for app in ["maps", "copies", "pingpong", "subbuffers"] {
+        let (iters, n) = long_enough(app, "2000", 3, |iters| {
+            let run = interrupted(app, iters, 0x9e3779b97f4a7c15, 20, &mode);
+            (run.result, run.cycles)
+        });
+        eprintln!("{app} pinned: {n} cycles at --iters {iters}, identical to native");
+    }
+}
+
 /// SVM allocations cannot be moved, so suspend must refuse them cleanly and the
 /// program must finish correctly.
 #[test]

@@ -94,6 +94,7 @@ pub unsafe extern "C" fn clCreateContext(
             notify,
             notify_data: user_data as usize,
             destructors: Mutex::new(Vec::new()),
+            staging: Default::default(),
         };
         c.base.set_vendor(vendor_create(&c)?);
         Ok(publish(Arc::new(c)))

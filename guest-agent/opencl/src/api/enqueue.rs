@@ -125,7 +125,9 @@ fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     }
     let start = mem.root_offset() + off;
     let mut sh = root.shadow.lock().unwrap_or_else(|e| e.into_inner());
-    let data = sh.data.get_or_insert_with(|| vec![0u8; root.size]);
+    let data = sh
+        .data
+        .get_or_insert_with(|| crate::staging::HostBytes::zeroed(root.size));
     if start + size > data.len() {
         return;
     }
@@ -567,9 +569,12 @@ pub unsafe extern "C" fn clEnqueueCopyBufferToImage(
 }
 
 /// Memory crane owns behind a mapping, so that the pointer the application
-/// holds survives the vendor library being unloaded.
-fn map_storage(size: usize) -> Box<[u8]> {
-    vec![0u8; size.max(1)].into_boxed_slice()
+/// holds survives the vendor library being unloaded (see `staging`).
+fn map_storage(mem: &Mem, size: usize) -> ClResult<crate::staging::Staging> {
+    mem.context
+        .staging
+        .take(&mem.context, size)
+        .ok_or(CL_OUT_OF_HOST_MEMORY)
 }
 
 const HOST_ACCESS: cl_mem_flags =
@@ -654,20 +659,36 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
         let (ptr, storage) = if mem.flags & CL_MEM_USE_HOST_PTR != 0 {
             ((mem.host_ptr + off) as *mut u8, None)
         } else {
-            let mut s = map_storage(size);
+            let s = map_storage(mem, size)?;
             (s.as_mut_ptr(), Some(s))
         };
         let write = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
         if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
-            // Nothing to read: a marker carries the wait list and the event.
+            // Nothing to read: a marker carries the wait list and the event;
+            // a blocking map returns once it has completed, as natively (and
+            // the write-back of an earlier map has then freed its memory).
             run(queue, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
-                // SAFETY: forwarding.
-                Ok(unsafe { vfn!(vq, clEnqueueMarkerWithWaitList)?(vq, n, wl(w), ve) })
+                let marker = vfn!(vq, clEnqueueMarkerWithWaitList)?;
+                if blocking == 0 {
+                    // SAFETY: forwarding.
+                    return Ok(unsafe { marker(vq, n, wl(w), ve) });
+                }
+                let mut own: cl_event = std::ptr::null_mut();
+                let out = if ve.is_null() { &raw mut own } else { ve };
+                // SAFETY: forwarding, with an event to wait on.
+                let rc = unsafe { marker(vq, n, wl(w), out) };
+                if rc == CL_SUCCESS {
+                    // SAFETY: the vendor event just returned.
+                    unsafe {
+                        let e = *out;
+                        vfn!(e, clWaitForEvents)?(1, &e);
+                        if !own.is_null() {
+                            crate::vendor::release(own.cast(), |d| d.clReleaseEvent);
+                        }
+                    }
+                }
+                Ok(rc)
             })?;
-            if blocking != 0 && !ev.is_null() {
-                // SAFETY: the event just returned.
-                unsafe { super::event::clWaitForEvents(1, ev) };
-            }
         } else {
             run(queue, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
                 // SAFETY: reading into memory of `size` bytes crane owns (or the
@@ -859,7 +880,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         let (ptr, storage) = match layout.host {
             Some(p) => (p as *mut u8, None),
             None => {
-                let mut s = map_storage(layout.total);
+                let s = map_storage(mem, layout.total)?;
                 (s.as_mut_ptr(), Some(s))
             }
         };

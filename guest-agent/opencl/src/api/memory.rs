@@ -192,9 +192,16 @@ fn create_buffer(
     let init = (flags & CL_MEM_COPY_HOST_PTR != 0).then_some(host.cast_const());
     m.base.set_vendor(vendor_create(&m, init)?);
     if let Some(p) = init {
-        if crate::config::get().write_cache {
+        // Large initial contents are not copied (natively creation costs one
+        // transfer; a copy of 256 MiB into fresh memory doubled it): the
+        // buffer counts as written and is read back at suspend, as after a
+        // large host write.
+        let cfg = crate::config::get();
+        if cfg.write_cache && size <= cfg.write_cache_max {
             // SAFETY: COPY_HOST_PTR: the application's `size` bytes at `p`.
-            let data = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), size) }.to_vec();
+            let data = crate::staging::HostBytes::from_slice(unsafe {
+                std::slice::from_raw_parts(p.cast::<u8>(), size)
+            });
             m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
         } else {
             m.dirty.store(true, Ordering::Relaxed);
