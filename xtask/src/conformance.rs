@@ -291,19 +291,29 @@ struct Setup {
 }
 
 /// A crane-proxy for one run, on a unix socket in the run's scratch folder.
-struct Proxy {
+pub(crate) struct Proxy {
     child: Child,
-    addr: String,
-    token: String,
+    pub addr: String,
+    pub token: String,
     log: PathBuf,
 }
 
 impl Proxy {
+    /// A crane-proxy on a unix socket in `dir`.
     fn start(bin: &Path, dir: &Path) -> Result<Proxy> {
+        Proxy::start_at(
+            bin,
+            dir,
+            format!("unix:{}", dir.join("proxy.sock").display()),
+        )
+    }
+
+    /// A crane-proxy listening at `addr` (`unix:PATH` or `tcp://HOST:PORT`),
+    /// its token file and logs in `dir`.
+    pub(crate) fn start_at(bin: &Path, dir: &Path, addr: String) -> Result<Proxy> {
         let token = format!("cts-{}-{}", std::process::id(), seed());
         let tokens = dir.join("tokens");
         std::fs::write(&tokens, format!("{token}\n"))?;
-        let addr = format!("unix:{}", dir.join("proxy.sock").display());
         let log = dir.join("proxy.log");
         let child = Command::new(bin)
             .args(["--listen", &addr, "--token-file"])

@@ -23,6 +23,9 @@
 //!   natively, under crane, and under crane on crane-proxy over loopback TCP.
 //! * `cargo xtask bench-data [--sizes 1K,..,256M] [--rounds N]` — every way an
 //!   application moves data (benches/data.c), natively and under crane, as ratios.
+//! * `cargo xtask bench-stoppage [--mib 1,..,4096] [--rewrite 0,10,100]` — the
+//!   application's stoppage and crane's per-phase account of suspend/resume and
+//!   of moves to crane-proxy and back, by memory size and rewrite rate.
 //! * `cargo xtask conformance [--modes ...] [--ci] [SUITE[:SUBTEST,...]...]` —
 //!   the Khronos OpenCL CTS natively and through crane in each mode
 //!   (passthrough, suspend/resume cycles, remote, remote/local switches); fails
@@ -39,6 +42,7 @@ use anyhow::{Context, Result, bail};
 use crane_test_vms::tier::{self, Readiness};
 
 mod bench_data;
+mod bench_stoppage;
 mod conformance;
 
 fn root() -> PathBuf {
@@ -173,6 +177,24 @@ fn test() -> Result<()> {
             lib.as_os_str(),
         ]);
         bench_data::main(args, &root(), || unreachable!("the library is given"))?;
+        // The stoppage benchmark at 1 MiB: suspend/resume and a move to
+        // crane-proxy and back, the application's memory checked at the end.
+        let args = bench_stoppage::Args::parse_from([
+            "bench-stoppage".as_ref(),
+            "--mib".as_ref(),
+            "1".as_ref(),
+            "--rewrite".as_ref(),
+            "100".as_ref(),
+            "--buffer-mib".as_ref(),
+            "0.25".as_ref(),
+            "--repeat".as_ref(),
+            "1".as_ref(),
+            "--lib".as_ref(),
+            lib.as_os_str(),
+            "--proxy".as_ref(),
+            proxy.as_os_str(),
+        ]);
+        bench_stoppage::main(args, &root(), || unreachable!("both binaries are given"))?;
     }
     eprintln!(
         "xtask: unit, integration and conformance tiers passed in {:.0} s; now the end-to-end tier",
@@ -702,6 +724,14 @@ fn main() -> Result<()> {
         Some("demo") => demo(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("bench-remote") => bench_remote(&args[1..]),
+        Some("bench-stoppage") => {
+            use clap::Parser;
+            let a = bench_stoppage::Args::parse_from(
+                std::iter::once("cargo xtask bench-stoppage".to_string())
+                    .chain(args[1..].iter().cloned()),
+            );
+            bench_stoppage::main(a, &root(), || build_for_conformance(true))
+        }
         Some("bench-data") => {
             use clap::Parser;
             let a = bench_data::Args::parse_from(
@@ -726,7 +756,7 @@ fn main() -> Result<()> {
         }
         other => bail!(
             "unknown xtask command {other:?}; try test, demo, bench, bench-remote, bench-data, \
-             testbed, proxy-image or conformance"
+             bench-stoppage, testbed, proxy-image or conformance"
         ),
     }
 }
