@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Plots for docs/benchmarks.md from the JSON of `cargo xtask bench-data --out`
+and `cargo xtask bench-stoppage --out` (needs gnuplot).
+
+  benches/plot.py data NEW.json OUT.png [--old OLD.json] [--size BYTES]
+      crane's speed as a share of native's per transfer path at one size
+      (default 256 MiB), for one build or two.
+  benches/plot.py stoppage STOPPAGE.json OUT.png [REWRITE]
+      crane's account of each step's stoppage (ms) by memory size, at one
+      rewrite rate (default 0): the first suspend of each size, and each
+      resume, move to crane-proxy and move back.
+"""
+import json
+import subprocess
+import sys
+import tempfile
+
+
+def gnuplot(script: str) -> None:
+    subprocess.run(["gnuplot"], input=script.encode(), check=True)
+
+
+def data(args):
+    import argparse
+
+    a = argparse.ArgumentParser(prog="plot.py data")
+    a.add_argument("new")
+    a.add_argument("out")
+    a.add_argument("--old")
+    a.add_argument("--size", type=int, default=268435456)
+    a = a.parse_args(args)
+    new = json.load(open(a.new))
+    old = json.load(open(a.old)) if a.old else None
+    out, size = a.out, a.size
+
+    def ratios(d):
+        return {f["path"]: 100.0 * f["native_s"] / f["crane_s"] for f in d["figures"] if f["bytes"] == size}
+
+    n = ratios(new)
+    o = ratios(old) if old else {}
+    with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
+        for path, r in n.items():
+            t.write(f'"{path}" {o.get(path, float("nan")):.2f} {r:.2f}\n')
+        dat = t.name
+    mib = size // 1048576
+    cols = (
+        f"'{dat}' using 2:xtic(1) title 'before (14f4995)', '' using 3 title 'after'"
+        if old
+        else f"'{dat}' using 3:xtic(1) title 'crane'"
+    )
+    gnuplot(
+        f"""set terminal pngcairo size 1100,520 font ',10'
+set output '{out}'
+set title "Transfers under crane as % of native speed, {mib} MiB, {new['device']}"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set yrange [0:130]
+set ylabel '% of native'
+set xtics rotate by -40 left
+set grid ytics
+set key at graph 0.99, graph 0.99 horizontal opaque box
+plot {cols}, 100 with lines dt 2 lc rgb 'black' notitle
+"""
+    )
+
+
+def stoppage(args):
+    steps = json.load(open(args[0]))
+    out = args[1]
+    rate = float(args[2]) if len(args) > 2 else 0.0
+    series = {"suspend (first, all dirty)": [], "resume": [], "move to crane-proxy": [], "move back": []}
+    seen = set()
+    for s in steps:
+        if s["rewrite_percent"] != rate:
+            continue
+        name = {"suspend": "suspend (first, all dirty)", "resume": "resume", "remote": "move to crane-proxy", "local": "move back"}[s["step"]]
+        if s["step"] == "suspend":
+            if s["mib"] in seen:
+                continue
+            seen.add(s["mib"])
+        series[name].append((s["mib"], s["crane_ms"]))
+    files = []
+    for name, pts in series.items():
+        with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
+            for x, y in pts:
+                t.write(f"{x} {y}\n")
+            files.append((name, t.name))
+    plots = ", ".join(f"'{f}' using 1:2 with linespoints title '{n}'" for n, f in files)
+    gnuplot(
+        f"""set terminal pngcairo size 900,520 font ',10'
+set output '{out}'
+set title 'Stoppage by memory held (crane per-phase account), NVIDIA H200'
+set logscale xy
+set xlabel 'device memory held by the application (MiB)'
+set ylabel 'stoppage (ms)'
+set grid
+set key top left
+plot {plots}
+"""
+    )
+
+
+if __name__ == "__main__":
+    kind, rest = sys.argv[1], sys.argv[2:]
+    {"data": data, "stoppage": stoppage}[kind](rest)
