@@ -395,7 +395,10 @@ impl Tap {
     /// Called on the session thread before each call runs.
     pub fn note_call(&self, session: u64, seq: u64, call: &Call) {
         match call {
-            Call::CreateProgramWithSource { source, .. } if source.contains("printf") => {
+            Call::CreateProgramWithSource { source, .. }
+            | Call::SetProgramSource { source, .. }
+                if source.contains("printf") =>
+            {
                 self.become_printer(session)
             }
             Call::CreateProgramWithIl { .. } | Call::CreateProgramWithBinary { .. } => {

@@ -10,12 +10,16 @@
  *  C: two compilation units compiled with clCompileProgram against an
  *     embedded header (input_headers / header_include_names), then
  *     clLinkProgram; the helper function lives in the other unit.
- *  D: the source of A built with different -D values.
+ *  D: the source of A built with different values, defined in a header file
+ *     it includes from a directory named with -I (written at start, removed
+ *     at exit): through crane-proxy the include is resolved on this machine.
  *  clCloneKernel (OpenCL >= 2.1) clones a kernel with its arguments set.
  * Each iteration runs the same pipeline with two of A/B/C (results must be
  * identical) plus D, and checks everything against a host model.
  */
 #include "common.h"
+
+#include <unistd.h>
 
 static const char *SRC_A =
     "__kernel void scale(__global const uint *in, __global uint *out, uint n)\n"
@@ -70,7 +74,8 @@ static const char *UNIT2 =
 #define N 8192u
 #define BYTES (N * 4u)
 #define OPTS_A "-cl-std=CL1.2 -DK_MUL=5u -DK_ADD=11u -cl-kernel-arg-info"
-#define OPTS_D "-cl-std=CL1.2 -DK_MUL=7u -DK_ADD=3u"
+#define HEADER_D "#define K_MUL 7u\n#define K_ADD 3u\n"
+#define SRC_D_HEAD "#include \"crane_d.h\"\n"
 
 typedef struct {
     cl_kernel scale, offset, combine;
@@ -254,8 +259,20 @@ int main(int argc, char **argv)
     if (!pc)
         kernels_in_program(pa, &kc, 0);
 
-    /* D: different defines */
-    cl_program pd = build_source(ctx, dev, SRC_A, OPTS_D);
+    /* D: different defines, from a header file found with -I */
+    char ddir[] = "/tmp/crane-programs-XXXXXX", dpath[64], dopts[128];
+    if (!mkdtemp(ddir))
+        fail("mkdtemp failed");
+    snprintf(dpath, sizeof dpath, "%s/crane_d.h", ddir);
+    FILE *hf = fopen(dpath, "w");
+    if (!hf || fputs(HEADER_D, hf) < 0 || fclose(hf) != 0)
+        fail("cannot write the header of D");
+    snprintf(dopts, sizeof dopts, "-cl-std=CL1.2 -I %s", ddir);
+    size_t dlen = strlen(SRC_D_HEAD) + strlen(SRC_A) + 1;
+    char *src_d = xmalloc(dlen);
+    snprintf(src_d, dlen, "%s%s", SRC_D_HEAD, SRC_A);
+    cl_program pd = build_source(ctx, dev, src_d, dopts);
+    free(src_d);
     kset kd;
     kernels_in_program(pd, &kd, 0);
 
@@ -349,6 +366,8 @@ int main(int argc, char **argv)
     if (pc)
         CK(clReleaseProgram(pc));
     CK(clReleaseProgram(pd));
+    unlink(dpath);
+    rmdir(ddir);
     CK(clReleaseMemObject(in));
     CK(clReleaseMemObject(t));
     CK(clReleaseMemObject(out1));

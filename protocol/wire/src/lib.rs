@@ -45,10 +45,12 @@ use std::io::{self, Read};
 
 use serde::{Deserialize, Serialize};
 
+pub mod source;
+
 /// Bumped on incompatible changes.
 pub const VERSION_MAJOR: u16 = 1;
 /// Bumped on compatible additions.
-pub const VERSION_MINOR: u16 = 2;
+pub const VERSION_MINOR: u16 = 3;
 
 /// The first minor version with [`Call::DescribeKernel`].
 pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
@@ -56,6 +58,11 @@ pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
 /// The first minor version with [`Answer::Output`]: the proxy sends it only
 /// to clients whose Hello names this minor or a later one.
 pub const MINOR_OUTPUT: u16 = 2;
+
+/// The first minor version with [`Call::SetProgramSource`]; from it on,
+/// crane-proxy compiles no source with an include-like directive and no
+/// options that read files ([`source`]).
+pub const MINOR_CLIENT_INCLUDES: u16 = 3;
 
 /// First four bytes of every frame: "CRNW".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRNW");
@@ -658,6 +665,15 @@ pub enum Call {
         kernel: Id,
         devices: Vec<Id>,
     },
+    /// Replaces the source of a program made with
+    /// [`Call::CreateProgramWithSource`] before it is built or compiled: the
+    /// client's includes resolved on the client (see [`source`]). A program
+    /// with kernels keeps its source (the build then fails as natively).
+    /// Since 1.3.
+    SetProgramSource {
+        program: Id,
+        source: String,
+    },
 }
 
 /// The most devices one [`Call::DescribeKernel`] may name.
@@ -748,6 +764,7 @@ impl Call {
             WaitForEvents { .. } => "clWaitForEvents",
             Sync => "Sync",
             DescribeKernel { .. } => "DescribeKernel",
+            SetProgramSource { .. } => "clBuildProgram (source with its includes)",
         }
     }
 }

@@ -27,8 +27,60 @@ impl Session {
             // SAFETY: one string of `len` bytes (lengths given, so no NUL
             // terminator is needed).
             let h = unsafe { f(ctx.get().cast(), 1, &mut ptr, &len, &mut err) };
-            Ok((made(h, err)?, Detail::Plain))
+            Ok((made(h, err)?, source_detail(source)))
         })
+    }
+
+    /// Replaces the source of `program` (made from source) with the client's
+    /// expansion of its includes: a new vendor program from it, in the same
+    /// context. A program that has kernels, or that is referenced from
+    /// elsewhere, keeps its source: its build then fails as it would
+    /// natively (CL_INVALID_OPERATION).
+    pub(crate) fn set_program_source(&mut self, program: Id, source: &str) -> CallResult {
+        let o = self.objects.get(program, Kind::Program)?;
+        if !matches!(o.detail, Detail::SourceProgram { .. }) {
+            return Err(CallError::Cl(CL_INVALID_PROGRAM));
+        }
+        let old = o.handle.map_err(CallError::Cl)?;
+        let info = |param: cl_program_info| {
+            let f = vfn!(old.get(), clGetProgramInfo)?;
+            // SAFETY: a live program; `query` sizes the answer.
+            query(|n, v, r| unsafe { f(old.get().cast(), param, n, v, r) })
+        };
+        let refs = info(CL_PROGRAM_REFERENCE_COUNT)?;
+        if refs.len() != 4 || u32::from_ne_bytes([refs[0], refs[1], refs[2], refs[3]]) != 1 {
+            return Ok(());
+        }
+        let ctx = info(CL_PROGRAM_CONTEXT)?;
+        let ctx: cl_context = usize::from_ne_bytes(
+            ctx.get(..size_of::<usize>())
+                .and_then(|b| b.try_into().ok())
+                .ok_or(CallError::Cl(CL_INVALID_PROGRAM))?,
+        ) as cl_context;
+        let f = vfn!(old.get(), clCreateProgramWithSource)?;
+        let mut ptr = source.as_ptr() as *const c_char;
+        let len = source.len();
+        let mut err = CL_SUCCESS;
+        // SAFETY: the program's own live context; one string of `len` bytes.
+        let h = made(unsafe { f(ctx, 1, &mut ptr, &len, &mut err) }, err)?;
+        crate::session::release(Kind::Program, Detail::Plain, old);
+        self.objects.replace(program, h, source_detail(source))
+    }
+
+    /// Source with a directive that reads a file is not compiled here (a
+    /// client of 1.3 or later sends none: see `crane_wire::source`).
+    fn refuse_includes(&self, program: Id, failure: cl_int) -> CallResult {
+        let o = self.objects.get(program, Kind::Program)?;
+        if o.detail == (Detail::SourceProgram { includes: true }) {
+            log::warn!(
+                "session {}: program {program} has an #include (or another directive that reads a \
+                 file) left in its source; crane-proxy compiles only source whose includes the \
+                 client resolved",
+                self.id
+            );
+            return Err(CallError::Cl(failure));
+        }
+        Ok(())
     }
 
     pub(crate) fn create_program_with_il(&mut self, id: Id, context: Id, il: &[u8]) -> CallResult {
@@ -137,6 +189,8 @@ impl Session {
     ) -> CallResult {
         let p = self.objects.handle(program, Kind::Program)?;
         let devices = self.device_list(devices)?;
+        refuse_options(options, CL_INVALID_BUILD_OPTIONS, self.id)?;
+        self.refuse_includes(program, CL_BUILD_PROGRAM_FAILURE)?;
         let options = c_string(options, CL_INVALID_BUILD_OPTIONS)?;
         let f = vfn!(p.get(), clBuildProgram)?;
         // SAFETY: a live program, live devices (or NULL), a C string, no
@@ -165,10 +219,23 @@ impl Session {
     ) -> CallResult {
         let p = self.objects.handle(program, Kind::Program)?;
         let devices = self.device_list(devices)?;
+        refuse_options(options, CL_INVALID_COMPILER_OPTIONS, self.id)?;
+        self.refuse_includes(program, CL_COMPILE_PROGRAM_FAILURE)?;
         let options = c_string(options, CL_INVALID_COMPILER_OPTIONS)?;
         let mut header_programs: Vec<cl_program> = Vec::with_capacity(headers.len());
         let mut names = Vec::with_capacity(headers.len());
         for (id, name) in headers {
+            // A vendor may write embedded headers to files named after them
+            // (PoCL does): no name may leave its directory.
+            if name.starts_with('/') || name.split('/').any(|c| c == "..") {
+                log::warn!(
+                    "session {}: embedded header name {name:?} leaves its directory",
+                    self.id
+                );
+                return Err(CallError::Cl(CL_INVALID_VALUE));
+            }
+            // Header programs may hold includes: with none left in the
+            // program compiled, the compiler never opens them.
             header_programs.push(self.objects.handle(*id, Kind::Program)?.get().cast());
             names.push(c_string(name, CL_INVALID_VALUE)?);
         }
@@ -210,6 +277,7 @@ impl Session {
             self.objects.admit(0)?;
             let ctx = self.objects.handle(context, Kind::Context)?;
             let devices = self.device_list(devices)?;
+            refuse_options(options, CL_INVALID_LINKER_OPTIONS, self.id)?;
             let options = c_string(options, CL_INVALID_LINKER_OPTIONS)?;
             let inputs: Vec<cl_program> = raw(&self.objects.handles(inputs, Kind::Program)?);
             let f = vfn!(ctx.get(), clLinkProgram)?;
@@ -318,4 +386,22 @@ impl Session {
         );
         Ok(())
     }
+}
+
+fn source_detail(source: &str) -> Detail {
+    Detail::SourceProgram {
+        includes: !crane_wire::source::include_directives(source).is_empty(),
+    }
+}
+
+/// Options that make the compiler read files or load code are refused
+/// (`crane_wire::source::forbidden_option`).
+fn refuse_options(options: &str, code: cl_int, session: u64) -> CallResult {
+    if let Some(bad) = crane_wire::source::forbidden_option(options) {
+        log::warn!(
+            "session {session}: build option {bad:?} refused (it reads files on this machine)"
+        );
+        return Err(CallError::Cl(code));
+    }
+    Ok(())
 }

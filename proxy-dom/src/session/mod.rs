@@ -755,6 +755,7 @@ impl Session {
                 Ok(())
             }
             DescribeKernel { kernel, devices } => self.describe_kernel(seq, kernel, &devices),
+            SetProgramSource { program, source } => self.set_program_source(program, &source),
         }
     }
 

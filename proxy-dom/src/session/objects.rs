@@ -97,6 +97,11 @@ pub(crate) enum Detail {
     UserEvent {
         set: bool,
     },
+    /// A program made from source, and whether that source has a directive
+    /// that reads a file (it is then not compiled: `crane_wire::source`).
+    SourceProgram {
+        includes: bool,
+    },
 }
 
 pub(crate) struct Object {
@@ -275,6 +280,16 @@ impl Objects {
     /// The handles of `ids`, all of `kind`.
     pub fn handles(&self, ids: &[Id], kind: Kind) -> Result<Vec<VPtr>, CallError> {
         ids.iter().map(|&id| self.handle(id, kind)).collect()
+    }
+
+    /// Gives `id` (a live object) another vendor handle and detail.
+    pub fn replace(&mut self, id: Id, handle: VPtr, detail: Detail) -> Result<(), CallError> {
+        let o = self.map.get_mut(&id).ok_or_else(|| {
+            CallError::Violation(format!("id {id} names no object of this session"))
+        })?;
+        o.handle = Ok(handle);
+        o.detail = detail;
+        Ok(())
     }
 
     /// Forgets `id`, returning what it named.

@@ -1279,13 +1279,44 @@ pub unsafe extern "C" fn rCreateProgramWithSource(
         source.push_str(&String::from_utf8_lossy(bytes));
     }
     let devices = program_devices(c, std::ptr::null(), 0);
-    new_program(c, devices, err, &[], |id, context| {
+    let text = source.clone();
+    let p = new_program(c, devices, err, &[], |id, context| {
         Call::CreateProgramWithSource {
             id,
             context,
             source,
         }
-    })
+    });
+    if let Ok(o) = obj(p.cast()) {
+        *o.text.lock().unwrap_or_else(|e| e.into_inner()) = Some((text.clone(), text));
+    }
+    p
+}
+
+/// The options to build `o` with on crane-proxy: before a build or compile,
+/// the program's includes are resolved here and its source on the proxy
+/// replaced if that changed it (`includes`); `-I` is left out.
+fn prepare_build(o: &RObj, options: &str, embedded: &[(String, String)]) -> Result<String, cl_int> {
+    if o.session.proxy_minor < crane_wire::MINOR_CLIENT_INCLUDES {
+        return Ok(options.to_owned());
+    }
+    let mut text = o.text.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((original, sent)) = text.as_mut() else {
+        return Ok(crane_wire::source::take_include_dirs(options).1);
+    };
+    let p = super::includes::prepare(original, options, embedded);
+    if p.source != *sent {
+        o.session.post(
+            &Call::SetProgramSource {
+                program: o.id,
+                source: p.source.clone(),
+            },
+            &[],
+            false,
+        )?;
+        *sent = p.source;
+    }
+    Ok(p.options)
 }
 
 pub unsafe extern "C" fn rCreateProgramWithIL(
@@ -1419,11 +1450,12 @@ pub unsafe extern "C" fn rBuildProgram(
 ) -> cl_int {
     let rc = guard(|| {
         let o = obj(p.cast())?;
+        let options = prepare_build(o, &c_string(opts), &[])?;
         let (a, _) = o.session.call(
             &Call::BuildProgram {
                 program: o.id,
                 devices: ids(devs, n),
-                options: c_string(opts),
+                options,
             },
             &[],
             Dest::Keep,
@@ -1451,16 +1483,25 @@ pub unsafe extern "C" fn rCompileProgram(
         let o = obj(p.cast())?;
         let hs = slice(headers, nh as usize);
         let ns = slice(names.cast_const(), nh as usize);
-        let headers = hs
+        let headers: Vec<(Id, String)> = hs
             .iter()
             .zip(ns)
             .map(|(&h, &nm)| (id_of(h.cast()), c_string(nm)))
             .collect();
+        let embedded: Vec<(String, String)> = hs
+            .iter()
+            .zip(ns)
+            .filter_map(|(&h, &nm)| {
+                let text = obj(h.cast()).ok()?.text.lock().ok()?.clone()?;
+                Some((c_string(nm), text.0))
+            })
+            .collect();
+        let options = prepare_build(o, &c_string(opts), &embedded)?;
         let (a, _) = o.session.call(
             &Call::CompileProgram {
                 program: o.id,
                 devices: ids(devs, n),
-                options: c_string(opts),
+                options,
                 headers,
             },
             &[],

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod check;
+pub mod includes;
 pub mod session;
 
 use std::ffi::c_void;
@@ -76,6 +77,9 @@ pub struct RObj {
     pub kmeta: std::sync::OnceLock<Option<Arc<check::KernelMeta>>>,
     /// For kernels: which arguments have been set (by index).
     pub set_args: Mutex<Vec<bool>>,
+    /// For programs made from source: the application's source and the
+    /// source crane-proxy holds (see `includes`).
+    pub text: Mutex<Option<(String, String)>>,
 }
 
 // SAFETY: the raw dispatch pointer refers to an immutable static; every other
@@ -108,6 +112,7 @@ impl RObj {
             device_default: Default::default(),
             kmeta: std::sync::OnceLock::new(),
             set_args: Mutex::new(Vec::new()),
+            text: Mutex::new(None),
         });
         let p = Arc::into_raw(o) as *mut c_void;
         s.live
