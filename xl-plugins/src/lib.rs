@@ -96,8 +96,16 @@ fn split_global(args: &[String]) -> Option<(&str, &[String])> {
 }
 
 /// Positional arguments after getopt-style options; `with_value` are the
-/// short options that take one (`-s CMD` or `-sCMD`). `None` on `-h`.
-fn positionals(args: &[String], with_value: &[char]) -> Option<Vec<String>> {
+/// short options that take one (`-s CMD` or `-sCMD`), `flags` the other
+/// short ones and `long` the long ones xl accepts there. `None` on `-h` and
+/// on an option xl does not know: the wrapper then leaves everything to xl,
+/// which prints its usage, instead of preparing a migration xl will refuse.
+fn positionals(
+    args: &[String],
+    with_value: &[char],
+    flags: &[char],
+    long: &[&str],
+) -> Option<Vec<String>> {
     let mut out = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -108,20 +116,27 @@ fn positionals(args: &[String], with_value: &[char]) -> Option<Vec<String>> {
         if a == "-h" || a == "--help" {
             return None;
         }
-        if a.starts_with("--") || a == "-" {
-            if a == "-" {
-                out.push(a.clone());
+        if a == "-" {
+            out.push(a.clone());
+            continue;
+        }
+        if a.starts_with("--") {
+            if !long.contains(&a.as_str()) {
+                return None;
             }
             continue;
         }
-        if let Some(flags) = a.strip_prefix('-') {
+        if let Some(cluster) = a.strip_prefix('-') {
             // A cluster of flags, the last of which may take a value.
-            for (i, c) in flags.char_indices() {
+            for (i, c) in cluster.char_indices() {
                 if with_value.contains(&c) {
-                    if i + c.len_utf8() == flags.len() {
+                    if i + c.len_utf8() == cluster.len() {
                         it.next();
                     }
                     break;
+                }
+                if !flags.contains(&c) {
+                    return None;
                 }
             }
             continue;
@@ -138,7 +153,9 @@ pub fn plan(args: &[String]) -> Plan {
         return Plan::PassThrough;
     };
     match sub {
-        "migrate" => match positionals(rest, &['C', 's']).as_deref() {
+        "migrate" => match positionals(rest, &['C', 's'], &['e', 'p', 'D'], &["--debug", "--live"])
+            .as_deref()
+        {
             Some([domain, host]) => Plan::Migrate {
                 domain: domain.clone(),
                 host: host.clone(),
@@ -150,7 +167,7 @@ pub fn plan(args: &[String]) -> Plan {
                 .iter()
                 .take_while(|a| *a != "--")
                 .any(|a| a.starts_with('-') && !a.starts_with("--") && a.contains('c'));
-            match positionals(rest, &[]).as_deref() {
+            match positionals(rest, &[], &['c', 'p'], &[]).as_deref() {
                 Some([domain, _file]) | Some([domain, _file, _]) => Plan::Save {
                     domain: domain.clone(),
                     leave_running,
@@ -259,6 +276,17 @@ mod tests {
         );
         assert_eq!(p("migrate g"), Plan::PassThrough, "xl prints the usage");
         assert_eq!(p("migrate -h"), Plan::PassThrough);
+        // Options xl does not know: xl refuses them before anything moves.
+        assert_eq!(p("migrate --bogus-flag g h"), Plan::PassThrough);
+        assert_eq!(p("migrate -ex g h"), Plan::PassThrough);
+        assert_eq!(p("save -z g f"), Plan::PassThrough);
+        assert_eq!(
+            p("migrate -e --live -p g h"),
+            Plan::Migrate {
+                domain: "g".into(),
+                host: "h".into()
+            }
+        );
         assert_eq!(p("-N migrate g h"), Plan::PassThrough, "dry run");
         assert_eq!(
             p("save g /var/lib/xen/save/g.chk"),

@@ -11,15 +11,32 @@ use anyhow::{Context, Result, bail};
 use crane_agent::standalone::{CtlReply, CtlRequest, call};
 use crane_xs::message::{AgentState, AppResult, Outcome, Response};
 
-fn opt(args: &[String], name: &str) -> Result<Option<String>> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => Ok(Some(
-            args.get(i + 1)
-                .with_context(|| format!("{name} needs a value"))?
-                .clone(),
-        )),
-        None => Ok(None),
-    }
+/// `cranectl agent ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum AgentCmd {
+    /// Ask the agent to take the guest's applications off the GPU.
+    PrepareMigrate {
+        /// What happens to the applications meanwhile.
+        #[arg(long, default_value = "stop-and-copy", value_parser = ["stop-and-copy", "remote"])]
+        mode: String,
+        /// crane-proxy's address, for --mode remote.
+        #[arg(long, value_name = "ADDR")]
+        proxy: Option<String>,
+        /// A file holding the session token the proxy expects.
+        #[arg(long, value_name = "F")]
+        token_file: Option<PathBuf>,
+        /// How long the applications may take, in ms.
+        #[arg(long, value_name = "N")]
+        deadline_ms: Option<u64>,
+    },
+    /// Ask the agent to bring the applications back onto the GPU.
+    PrepareResume {
+        /// How long the applications may take, in ms.
+        #[arg(long, value_name = "N")]
+        deadline_ms: Option<u64>,
+    },
+    /// The agent's state.
+    Status,
 }
 
 fn print(reply: &CtlReply) -> Result<bool> {
@@ -62,35 +79,39 @@ fn print(reply: &CtlReply) -> Result<bool> {
     ))
 }
 
-pub fn run(args: &[String], json: bool, run_dir: &Path) -> Result<ExitCode> {
+pub fn run(cmd: AgentCmd, json: bool, run_dir: &Path) -> Result<ExitCode> {
     let socket = std::env::var_os("CRANE_AGENT_SOCKET")
         .map_or_else(|| run_dir.join("agent.sock"), PathBuf::from);
-    let deadline_ms = opt(args, "--deadline-ms")?
-        .map(|v| v.parse::<u64>())
-        .transpose()
-        .context("--deadline-ms")?;
-    let req = match args.first().map(String::as_str) {
-        Some("prepare-migrate") => {
-            let mode = opt(args, "--mode")?.unwrap_or_else(|| "stop-and-copy".into());
-            let token = match opt(args, "--token-file")? {
+    let (req, deadline_ms) = match cmd {
+        AgentCmd::PrepareMigrate {
+            mode,
+            proxy,
+            token_file,
+            deadline_ms,
+        } => {
+            let token = match token_file {
                 Some(f) => Some(
                     std::fs::read_to_string(&f)
-                        .with_context(|| format!("reading {f}"))?
+                        .with_context(|| format!("reading {}", f.display()))?
                         .trim()
                         .to_string(),
                 ),
                 None => None,
             };
-            CtlRequest::PrepareMigrate {
-                mode,
-                proxy: opt(args, "--proxy")?,
-                token,
+            (
+                CtlRequest::PrepareMigrate {
+                    mode,
+                    proxy,
+                    token,
+                    deadline_ms,
+                },
                 deadline_ms,
-            }
+            )
         }
-        Some("prepare-resume") => CtlRequest::PrepareResume { deadline_ms },
-        Some("status") => CtlRequest::Status,
-        _ => bail!("usage: cranectl agent prepare-migrate|prepare-resume|status [options]"),
+        AgentCmd::PrepareResume { deadline_ms } => {
+            (CtlRequest::PrepareResume { deadline_ms }, deadline_ms)
+        }
+        AgentCmd::Status => (CtlRequest::Status, None),
     };
     let wait = Duration::from_millis(deadline_ms.unwrap_or(3_600_000)) + Duration::from_secs(180);
     let reply = call(&socket, &req, wait).with_context(|| {

@@ -9,44 +9,80 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
 use crane_control::{Request, Response, call, list_pids, run_dir_from_env, socket_path};
 
 mod agent;
 
-const USAGE: &str = "usage: cranectl [--json] list
-       cranectl suspend PID|all [--deadline-ms N]
-       cranectl resume PID|all [--deadline-ms N]
-       cranectl remote PID|all --proxy tcp://HOST:PORT|unix:/PATH [--token-file F] [--deadline-ms N]
-       cranectl local PID|all [--deadline-ms N]
-       cranectl agent prepare-migrate [--mode stop-and-copy|remote] [--proxy ADDR] [--token-file F] [--deadline-ms N]
-       cranectl agent prepare-resume [--deadline-ms N]
-       cranectl agent status
-       cranectl install-icd [--lib PATH] [--root DIR]
-       cranectl uninstall-icd [--root DIR]";
-
-/// The value after `name`, if `name` is given.
-fn option(args: &[String], name: &str) -> Result<Option<String>> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => Ok(Some(
-            args.get(i + 1)
-                .with_context(|| format!("{name} needs a value"))?
-                .clone(),
-        )),
-        None => Ok(None),
-    }
+/// Control of interposed OpenCL processes (through their control sockets)
+/// and of libcrane_opencl.so's installation as the system's ICD.
+#[derive(Debug, Parser)]
+#[command(name = "cranectl", version, about, max_term_width = 100)]
+struct Cli {
+    /// Print machine-readable JSON, one object per line.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
 }
 
-/// Refuses anything but `allowed` options, each with a value: the ICD verbs
-/// change system directories, so a mistyped or unknown argument (`--help`
-/// included) must stop them.
-fn only_options(args: &[String], allowed: &[&str]) -> Result<()> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if !allowed.contains(&a.as_str()) || it.next().is_none() {
-            bail!("unexpected argument {a:?}\n{USAGE}");
-        }
-    }
-    Ok(())
+#[derive(Debug, Args)]
+struct Which {
+    /// A process id, or `all` (every process with a control socket).
+    #[arg(value_name = "PID|all")]
+    target: String,
+    /// How long the process may take to leave (or reach) its device, in ms.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// List the interposed processes, their mode and their objects.
+    List,
+    /// Park a process's GPU state in RAM and unload its vendor library.
+    Suspend(Which),
+    /// Reload the vendor library and rebuild the process's objects.
+    Resume(Which),
+    /// Move a process to crane-proxy; it carries on over RPC.
+    Remote {
+        #[command(flatten)]
+        which: Which,
+        /// crane-proxy's address: tcp://HOST:PORT or unix:/PATH.
+        #[arg(long, value_name = "ADDR", env = "CRANE_PROXY")]
+        proxy: String,
+        /// A file holding the session token the proxy expects.
+        #[arg(long, value_name = "F")]
+        token_file: Option<PathBuf>,
+    },
+    /// Bring a process back from crane-proxy to the local vendor library.
+    Local(Which),
+    /// Drive a `crane-agent --standalone` (no Xen) over its socket.
+    #[command(subcommand)]
+    Agent(agent::AgentCmd),
+    /// Install libcrane_opencl.so as the ICD in front of the system's vendors.
+    InstallIcd {
+        /// The library (default: the one beside cranectl).
+        #[arg(long, value_name = "PATH")]
+        lib: Option<PathBuf>,
+        /// Install into this root directory (an image) instead of /.
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+    },
+    /// Undo install-icd.
+    UninstallIcd {
+        /// The root directory install-icd was given.
+        #[arg(long, value_name = "DIR")]
+        root: Option<PathBuf>,
+    },
+}
+
+/// The token in `file`, trimmed.
+fn read_token(file: &Path) -> Result<String> {
+    Ok(std::fs::read_to_string(file)
+        .with_context(|| format!("reading {}", file.display()))?
+        .trim()
+        .to_string())
 }
 
 /// libcrane_opencl.so installed beside cranectl (a cargo target directory, or
@@ -113,16 +149,13 @@ fn main() -> ExitCode {
 }
 
 fn run() -> Result<ExitCode> {
-    let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let json = args.first().is_some_and(|a| a == "--json");
-    if json {
-        args.remove(0);
-    }
+    let cli = Cli::parse();
+    let json = cli.json;
     let run_dir = run_dir_from_env();
     let timeout = Duration::from_secs(120);
     let mut failed = false;
-    match args.first().map(String::as_str) {
-        Some("list") => {
+    match cli.cmd {
+        Cmd::List => {
             if !json {
                 println!(
                     "{:>8}  {:<11} {:>4} {:>4} {:>5} {:>4} {:>5} {:>5} {:>12} {:>12}  exe",
@@ -182,43 +215,42 @@ fn run() -> Result<ExitCode> {
                 }
             }
         }
-        Some(verb @ ("suspend" | "resume" | "remote" | "local")) => {
-            let which = args.get(1).map(String::as_str).unwrap_or_else(|| "");
-            if which.is_empty() {
-                bail!("{USAGE}");
-            }
-            let deadline_ms = match args.iter().position(|a| a == "--deadline-ms") {
-                Some(i) => args
-                    .get(i + 1)
-                    .context("--deadline-ms needs a value")?
-                    .parse()?,
-                None => 10_000,
-            };
-            let opt = |name: &str| option(&args, name);
-            let req = match verb {
-                "suspend" => Request::Suspend { deadline_ms },
-                "resume" => Request::Resume,
-                "remote" => {
-                    let proxy = opt("--proxy")?
-                        .or_else(|| std::env::var("CRANE_PROXY").ok())
-                        .context("remote needs --proxy ADDR (or CRANE_PROXY)")?;
-                    let token = match opt("--token-file")? {
-                        Some(f) => Some(
-                            std::fs::read_to_string(&f)
-                                .with_context(|| format!("reading {f}"))?
-                                .trim()
-                                .to_string(),
-                        ),
-                        None => None,
-                    };
+        Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Remote { .. } | Cmd::Local(_) => {
+            let (verb, done, which, req) = match cli.cmd {
+                Cmd::Suspend(w) => (
+                    "suspend",
+                    "suspended",
+                    w.target,
+                    Request::Suspend {
+                        deadline_ms: w.deadline_ms,
+                    },
+                ),
+                Cmd::Resume(w) => ("resume", "resumed", w.target, Request::Resume),
+                Cmd::Remote {
+                    which,
+                    proxy,
+                    token_file,
+                } => (
+                    "remote",
+                    "remote",
+                    which.target,
                     Request::Remote {
                         proxy,
-                        token,
-                        deadline_ms,
-                    }
-                }
-                _ => Request::Local { deadline_ms },
+                        token: token_file.as_deref().map(read_token).transpose()?,
+                        deadline_ms: which.deadline_ms,
+                    },
+                ),
+                Cmd::Local(w) => (
+                    "local",
+                    "local",
+                    w.target,
+                    Request::Local {
+                        deadline_ms: w.deadline_ms,
+                    },
+                ),
+                _ => unreachable!("matched above"),
             };
+            let which = which.as_str();
             for pid in targets(&run_dir, which)? {
                 match call(&socket_path(&run_dir, pid), &req, timeout) {
                     Ok(r) if r.ok => {
@@ -230,16 +262,7 @@ fn run() -> Result<ExitCode> {
                                 )?
                             );
                         } else {
-                            print_phases(
-                                pid,
-                                match verb {
-                                    "suspend" => "suspended",
-                                    "resume" => "resumed",
-                                    "remote" => "remote",
-                                    _ => "local",
-                                },
-                                &r,
-                            );
+                            print_phases(pid, done, &r);
                         }
                     }
                     Ok(r) => {
@@ -253,12 +276,10 @@ fn run() -> Result<ExitCode> {
                 }
             }
         }
-        Some("agent") => return agent::run(&args[1..], json, &run_dir),
-        Some("install-icd") => {
-            only_options(&args[1..], &["--lib", "--root"])?;
-            let root = option(&args, "--root")?.map(PathBuf::from);
-            let lib = match option(&args, "--lib")? {
-                Some(l) => PathBuf::from(l),
+        Cmd::Agent(cmd) => return agent::run(cmd, json, &run_dir),
+        Cmd::InstallIcd { lib, root } => {
+            let lib = match lib {
+                Some(l) => l,
                 None if root.is_none() => default_library()?,
                 None => bail!("with --root, give the library's path in the image with --lib"),
             };
@@ -278,14 +299,11 @@ fn run() -> Result<ExitCode> {
                 println!("crane wraps {}", out.wrapped.join(", "));
             }
         }
-        Some("uninstall-icd") => {
-            only_options(&args[1..], &["--root"])?;
-            let root = option(&args, "--root")?.map(PathBuf::from);
+        Cmd::UninstallIcd { root } => {
             for a in icd::uninstall(&icd::Layout::from_env(root.as_deref()))?.actions {
                 println!("{a}");
             }
         }
-        _ => bail!("{USAGE}"),
     }
     Ok(if failed {
         ExitCode::FAILURE
