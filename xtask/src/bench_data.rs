@@ -51,11 +51,7 @@ struct Figure {
 type Line = ((String, u64), f64);
 
 /// Runs `exe` once; the device it names and its DATA lines.
-fn one_run(
-    exe: &Path,
-    args: &[String],
-    lib: Option<&Path>,
-) -> Result<(String, Vec<Line>)> {
+fn one_run(exe: &Path, args: &[String], lib: Option<&Path>) -> Result<(String, Vec<Line>)> {
     let mut c = Command::new(exe);
     c.args(args);
     if let Some(lib) = lib {
