@@ -4,32 +4,14 @@
 use std::io::Write;
 
 use anyhow::Context;
+use clap::Parser;
 use crane_proxy::Proxy;
-use crane_proxy::config::{self, Command};
+use crane_proxy::config;
 
 fn main() -> anyhow::Result<()> {
+    // Usage errors exit with status 2, --help and --version with 0 (clap).
+    let config = config::Cli::parse().into_config();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let config = match config::parse_args(std::env::args().skip(1)) {
-        Ok(Command::Run(c)) => c,
-        Ok(Command::Help) => {
-            print!("{}", config::USAGE);
-            return Ok(());
-        }
-        Ok(Command::Version) => {
-            println!(
-                "crane-proxy {} (wire protocol {}.{})",
-                env!("CARGO_PKG_VERSION"),
-                crane_wire::VERSION_MAJOR,
-                crane_wire::VERSION_MINOR
-            );
-            return Ok(());
-        }
-        Err(e) => {
-            eprintln!("crane-proxy: {e}");
-            eprint!("{}", config::USAGE);
-            std::process::exit(2);
-        }
-    };
     if config.tokens_from_xenstore {
         crane_proxy::xs_tokens::start(config.token_file.clone())?;
     }

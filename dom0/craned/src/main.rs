@@ -1,9 +1,11 @@
 //! `craned [--config FILE]`: crane's dom0 service (see the library's docs).
+//! `craned --help` lists the options.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
+use clap::Parser;
 use crane_libxl::Libxl;
 use crane_xs::system::SystemStore;
 use craned::config::{Config, DEFAULT_CONFIG};
@@ -11,23 +13,30 @@ use craned::proxy::connect_check;
 use craned::service::Service;
 use craned::{server, tokens};
 
-const USAGE: &str = "usage: craned [--config FILE]";
+/// `craned`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "craned",
+    version,
+    about = "crane's dom0 service: the GPU pool, the proxy domain, and the migration \
+             choreography around xl migrate.",
+    after_help = "Logging: RUST_LOG (default info). Status: `crane status`.",
+    // A single-valued option given twice: the last one counts.
+    args_override_self = true,
+    max_term_width = 100
+)]
+struct Cli {
+    /// The configuration file; without this option /etc/crane/craned.toml,
+    /// where a missing file means the built-in settings
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
 
 fn main() -> Result<()> {
+    // Usage errors exit with status 2, --help and --version with 0 (clap).
+    let cli = Cli::parse();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let mut config = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--config" => config = Some(PathBuf::from(args.next().context(USAGE)?)),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
-    let cfg = match &config {
+    let cfg = match &cli.config {
         Some(p) => Config::load(p, true)?,
         None => Config::load(&PathBuf::from(DEFAULT_CONFIG), false)?,
     };
@@ -62,4 +71,59 @@ fn main() -> Result<()> {
     let service = Service::new(cfg, store, xl, secret, Box::new(connect_check));
     server::serve(service, listener, tick, wake);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("craned").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn help_and_version() {
+        Cli::command().debug_assert();
+        for h in ["--help", "-h"] {
+            let e = parse(&[h]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayHelp);
+            assert!(e.to_string().contains("--config <FILE>"), "{e}");
+        }
+        for v in ["--version", "-V"] {
+            let e = parse(&[v]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayVersion);
+            assert_eq!(
+                e.to_string().trim(),
+                format!("craned {}", env!("CARGO_PKG_VERSION"))
+            );
+        }
+    }
+
+    #[test]
+    fn usage_errors_name_the_option() {
+        let e = parse(&["--bogus-flag"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--bogus-flag"), "{e}");
+        let e = parse(&["--confg", "/x"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--config"), "a suggestion: {e}");
+        let e = parse(&["--config"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+        assert!(e.to_string().contains("--config"), "{e}");
+        let e = parse(&["/etc/crane/craned.toml"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownArgument);
+    }
+
+    /// dom0/craned/dist/craned.service's invocation, and the testbed's.
+    #[test]
+    fn real_invocations() {
+        let cli = parse(&["--config", "/etc/crane/craned.toml"]).unwrap();
+        assert_eq!(cli.config, Some(PathBuf::from("/etc/crane/craned.toml")));
+        let cli = parse(&["--config=/tmp/c.toml"]).unwrap();
+        assert_eq!(cli.config, Some(PathBuf::from("/tmp/c.toml")));
+        assert_eq!(parse(&[]).unwrap().config, None);
+    }
 }

@@ -1,12 +1,44 @@
 //! `crane status [--socket PATH] [--json]`: what craned manages on this host.
+//! `crane --help` lists the commands, `crane status --help` the options.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
 use craned_control::{DEFAULT_SOCKET, Request, Status, call};
 
-const USAGE: &str = "usage: crane status [--socket PATH] [--json]";
+/// `crane`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "crane",
+    version,
+    about = "crane's operator command: asks craned, over its control socket, what it manages \
+             on this host.",
+    subcommand_required = true,
+    arg_required_else_help = true,
+    // A single-valued option given twice: the last one counts.
+    args_override_self = true,
+    max_term_width = 100
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Guests, their GPUs, their OpenCL processes and modes, the latest
+    /// migration steps with stoppage; the GPU pool; the proxy
+    Status {
+        /// craned's control socket
+        #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print craned's status as JSON
+        #[arg(long)]
+        json: bool,
+    },
+}
 
 fn print(st: &Status) {
     println!(
@@ -75,24 +107,8 @@ fn print(st: &Status) {
 }
 
 fn main() -> Result<()> {
-    let mut socket = PathBuf::from(DEFAULT_SOCKET);
-    let mut json = false;
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("status") => {}
-        Some("-h" | "--help") => {
-            println!("{USAGE}");
-            return Ok(());
-        }
-        _ => bail!("{USAGE}"),
-    }
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--socket" => socket = PathBuf::from(args.next().context(USAGE)?),
-            "--json" => json = true,
-            other => bail!("unknown argument {other:?}\n{USAGE}"),
-        }
-    }
+    // Usage errors exit with status 2, --help and --version with 0 (clap).
+    let Cmd::Status { socket, json } = Cli::parse().command;
     let done = call(&socket, &Request::Status, Duration::from_secs(10), |_| {})?;
     if !done.ok {
         bail!("craned: {}", done.error.unwrap_or_default());
@@ -107,4 +123,88 @@ fn main() -> Result<()> {
         print(&st);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("crane").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn help_and_version() {
+        Cli::command().debug_assert();
+        for h in [&["--help"][..], &["-h"], &["help"]] {
+            let e = parse(h).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{h:?}");
+            assert!(e.to_string().contains("status"), "{e}");
+        }
+        for h in [&["status", "--help"][..], &["help", "status"]] {
+            let e = parse(h).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{h:?}");
+            let help = e.to_string();
+            assert!(help.contains("--socket <PATH>"), "{help}");
+            assert!(help.contains(DEFAULT_SOCKET), "{help}");
+            assert!(help.contains("--json"), "{help}");
+        }
+        for v in ["--version", "-V"] {
+            let e = parse(&[v]).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::DisplayVersion);
+            assert_eq!(
+                e.to_string().trim(),
+                format!("crane {}", env!("CARGO_PKG_VERSION"))
+            );
+        }
+    }
+
+    #[test]
+    fn usage_errors_name_the_option() {
+        let e = parse(&["status", "--bogus-flag"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--bogus-flag"), "{e}");
+        let e = parse(&["status", "--jsn"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--json"), "a suggestion: {e}");
+        let e = parse(&["--bogus-flag"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--bogus-flag"), "{e}");
+        let e = parse(&["status", "--socket"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidValue);
+        assert!(e.to_string().contains("--socket"), "{e}");
+        let e = parse(&["stats"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidSubcommand);
+        assert!(e.to_string().contains("status"), "a suggestion: {e}");
+        // No command: the help, as an error.
+        let e = parse(&[]).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    /// The invocations of docs/operations.md and the testbed
+    /// (test-vms/src/scenario.rs).
+    #[test]
+    fn real_invocations() {
+        let Cmd::Status { socket, json } = parse(&["status"]).unwrap().command;
+        assert_eq!(socket, PathBuf::from(DEFAULT_SOCKET));
+        assert!(!json);
+        let Cmd::Status { socket, json } = parse(&["status", "--json"]).unwrap().command;
+        assert_eq!(socket, PathBuf::from(DEFAULT_SOCKET));
+        assert!(json);
+        let Cmd::Status { socket, json } = parse(&["status", "--socket", "/tmp/c.sock", "--json"])
+            .unwrap()
+            .command;
+        assert_eq!(socket, PathBuf::from("/tmp/c.sock"));
+        assert!(json);
+        let Cmd::Status { socket, .. } =
+            parse(&["status", "--socket=/tmp/d.sock"]).unwrap().command;
+        assert_eq!(socket, PathBuf::from("/tmp/d.sock"));
+    }
 }
