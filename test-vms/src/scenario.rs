@@ -533,7 +533,7 @@ pub fn check_proxy(s: &Session) -> anyhow::Result<ProxyCheck> {
         0,
         PROXY,
         "lspci -n 2>&1; true",
-        Duration::from_secs(90),
+        Duration::from_secs(240),
         |out| standin_slot(out).is_some(),
     )?;
     let gpu_slot = standin_slot(&lspci).context("the proxy's GPU vanished from lspci")?;
@@ -541,7 +541,7 @@ pub fn check_proxy(s: &Session) -> anyhow::Result<ProxyCheck> {
         0,
         PROXY,
         &format!("readlink /sys/bus/pci/devices/0000:{gpu_slot}/driver"),
-        Duration::from_secs(60),
+        Duration::from_secs(240),
         |out| out.contains("drivers/e1000"),
     )?;
     Ok(ProxyCheck {
@@ -627,7 +627,7 @@ pub fn attach_gpu(s: &Session, host: usize) -> anyhow::Result<String> {
         s.dom0(host, &format!("xl pci-list {GUEST}"))?.contains(bdf),
         "xl pci-list does not show {bdf} attached to {GUEST} on host {host}"
     );
-    let lspci = s.wait_domu(host, GUEST, "lspci -n", Duration::from_secs(60), |out| {
+    let lspci = s.wait_domu(host, GUEST, "lspci -n", Duration::from_secs(240), |out| {
         standin_slot(out).is_some()
     })?;
     let slot = standin_slot(&lspci).context("the GPU vanished from lspci")?;
@@ -640,7 +640,7 @@ pub fn attach_gpu(s: &Session, host: usize) -> anyhow::Result<String> {
         host,
         GUEST,
         &gpu_bound_script(&slot),
-        Duration::from_secs(60),
+        Duration::from_secs(240),
         |out| out.contains("drivers/e1000") && out.contains("eth"),
     )?;
     Ok(slot)
@@ -664,7 +664,9 @@ pub fn attach_first_gpu(s: &Session, host: usize) -> anyhow::Result<String> {
 
 /// Waits until the guest sees its GPU and the driver is bound; the slot.
 fn wait_gpu_bound(s: &Session, host: usize) -> anyhow::Result<String> {
-    let lspci = s.wait_domu(host, GUEST, "lspci -n", Duration::from_secs(60), |out| {
+    // The limits only bound how long a failure takes to show: right after an
+    // attach, under emulation on a slow machine, one `lspci` took 40 s.
+    let lspci = s.wait_domu(host, GUEST, "lspci -n", Duration::from_secs(240), |out| {
         standin_slot(out).is_some()
     })?;
     let slot = standin_slot(&lspci).context("the GPU vanished from lspci")?;

@@ -155,11 +155,14 @@ impl Session {
         accept: impl Fn(&str) -> bool,
     ) -> anyhow::Result<String> {
         let h = self.host(host)?;
+        // Each attempt: 4 s for the runner to take the request (a domU still
+        // booting has none), then up to 60 s for the script (right after a PCI
+        // attach, `lspci` took 20-40 s on a slow machine).
         poll(limit, accept, || {
             Ok(h.poll_domain(
                 domain,
                 script,
-                Duration::from_secs(20),
+                Duration::from_secs(60).min(limit.max(Duration::from_secs(1))),
                 Duration::from_secs(4),
             )?)
         })
