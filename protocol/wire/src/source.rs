@@ -163,7 +163,8 @@ fn skip_literal(b: &[u8], mut i: usize, quote: u8, line: &mut usize) -> usize {
             _ => i += 1,
         }
     }
-    i
+    // A backslash as the last byte stepped past the end.
+    i.min(b.len())
 }
 
 /// The directive whose name starts after the `#` at `i`: (end of its text,
