@@ -185,26 +185,8 @@ fn a_program_builds_from_the_source_its_client_resolved() {
         },
         &[],
     );
-    c.post(
-        Call::SetKernelArg {
-            kernel,
-            index: 0,
-            arg: crane_wire::KernelArg::Object(out),
-        },
-        &[],
-    );
-    c.post(
-        Call::EnqueueNdRange {
-            queue: env.queue,
-            kernel,
-            dims: 1,
-            offset: None,
-            global: [1, 1, 1],
-            local: None,
-            sync: Default::default(),
-        },
-        &[],
-    );
+    set_arg(&mut c, kernel, 0, crane_wire::KernelArg::Object(out));
+    launch_one(&mut c, &env, kernel, Default::default());
     assert_eq!(read(&mut c, &env, out, 4, vec![]), 42i32.to_ne_bytes());
     // A program with a kernel keeps its source: a second replacement changes
     // nothing, and building again fails as natively.

@@ -32,23 +32,12 @@ impl Printer {
     fn open(p: &ProxyProcess, token: &str, tag: u32) -> Printer {
         let mut c = Client::connect_tcp(p.tcp, token).expect("a session opens");
         let env = setup(&mut c);
-        let program = build(&mut c, &env, PRINTS);
-        let kernel = c.id();
-        c.post(
-            Call::CreateKernel {
-                id: kernel,
-                program,
-                name: "say".into(),
-            },
-            &[],
-        );
-        c.post(
-            Call::SetKernelArg {
-                kernel,
-                index: 0,
-                arg: KernelArg::Bytes(tag.to_ne_bytes().to_vec()),
-            },
-            &[],
+        let kernel = kernel(&mut c, &env, PRINTS, "say");
+        set_arg(
+            &mut c,
+            kernel,
+            0,
+            KernelArg::Bytes(tag.to_ne_bytes().to_vec()),
         );
         assert!(c.sync().is_empty());
         Printer {
@@ -62,29 +51,17 @@ impl Printer {
     /// Launches one work-item printing `n` lines; its event is `event`
     /// (0: none).
     fn launch(&mut self, n: u32, event: Id) {
-        self.c.post(
-            Call::SetKernelArg {
-                kernel: self.kernel,
-                index: 1,
-                arg: KernelArg::Bytes(n.to_ne_bytes().to_vec()),
-            },
-            &[],
+        set_arg(
+            &mut self.c,
+            self.kernel,
+            1,
+            KernelArg::Bytes(n.to_ne_bytes().to_vec()),
         );
-        self.c.post(
-            Call::EnqueueNdRange {
-                queue: self.env.queue,
-                kernel: self.kernel,
-                dims: 1,
-                offset: None,
-                global: [1, 1, 1],
-                local: None,
-                sync: Sync {
-                    waits: vec![],
-                    event,
-                },
-            },
-            &[],
-        );
+        let sync = Sync {
+            waits: vec![],
+            event,
+        };
+        launch_one(&mut self.c, &self.env, self.kernel, sync);
     }
 
     fn finish(&mut self) -> String {
@@ -132,25 +109,9 @@ fn a_printing_session_gets_its_kernels_output() {
     // A session that never printed receives nothing, and its calls work.
     let mut q = Client::connect_tcp(p.tcp, TOKEN_B).unwrap();
     let env = setup(&mut q);
-    let program = build(&mut q, &env, QUIET);
-    let kernel = q.id();
-    q.post(
-        Call::CreateKernel {
-            id: kernel,
-            program,
-            name: "quiet".into(),
-        },
-        &[],
-    );
+    let kernel = kernel(&mut q, &env, QUIET, "quiet");
     let out = create_buffer(&mut q, &env, CL_MEM_READ_WRITE, 16, None);
-    q.post(
-        Call::SetKernelArg {
-            kernel,
-            index: 0,
-            arg: KernelArg::Object(out),
-        },
-        &[],
-    );
+    set_arg(&mut q, kernel, 0, KernelArg::Object(out));
     q.post(
         Call::EnqueueNdRange {
             queue: env.queue,
@@ -247,58 +208,27 @@ impl Slow {
     fn open(p: &ProxyProcess, token: &str) -> Slow {
         let mut c = Client::connect_tcp(p.tcp, token).expect("a session opens");
         let env = setup(&mut c);
-        let program = build(&mut c, &env, SLOW);
-        let kernel = c.id();
-        c.post(
-            Call::CreateKernel {
-                id: kernel,
-                program,
-                name: "slow".into(),
-            },
-            &[],
-        );
+        let kernel = kernel(&mut c, &env, SLOW, "slow");
         let out = create_buffer(&mut c, &env, CL_MEM_READ_WRITE, 8, None);
-        c.post(
-            Call::SetKernelArg {
-                kernel,
-                index: 0,
-                arg: KernelArg::Object(out),
-            },
-            &[],
-        );
-        c.post(
-            Call::SetKernelArg {
-                kernel,
-                index: 2,
-                arg: KernelArg::Bytes(1u32.to_ne_bytes().to_vec()),
-            },
-            &[],
+        set_arg(&mut c, kernel, 0, KernelArg::Object(out));
+        set_arg(
+            &mut c,
+            kernel,
+            2,
+            KernelArg::Bytes(1u32.to_ne_bytes().to_vec()),
         );
         assert!(c.sync().is_empty());
         Slow { c, env, kernel }
     }
 
     fn launch(&mut self, n: u64) {
-        self.c.post(
-            Call::SetKernelArg {
-                kernel: self.kernel,
-                index: 1,
-                arg: KernelArg::Bytes(n.to_ne_bytes().to_vec()),
-            },
-            &[],
+        set_arg(
+            &mut self.c,
+            self.kernel,
+            1,
+            KernelArg::Bytes(n.to_ne_bytes().to_vec()),
         );
-        self.c.post(
-            Call::EnqueueNdRange {
-                queue: self.env.queue,
-                kernel: self.kernel,
-                dims: 1,
-                offset: None,
-                global: [1, 1, 1],
-                local: None,
-                sync: Sync::default(),
-            },
-            &[],
-        );
+        launch_one(&mut self.c, &self.env, self.kernel, Sync::default());
         assert!(self.c.sync().is_empty());
     }
 }

@@ -530,6 +530,42 @@ pub fn build(c: &mut Client, env: &Env, source: &str) -> Id {
     program
 }
 
+/// Kernel `name` of a program built from `source`.
+pub fn kernel(c: &mut Client, env: &Env, source: &str, name: &str) -> Id {
+    let program = build(c, env, source);
+    let kernel = c.id();
+    c.post(
+        Call::CreateKernel {
+            id: kernel,
+            program,
+            name: name.into(),
+        },
+        &[],
+    );
+    kernel
+}
+
+/// Sets argument `index` of `kernel` (posted).
+pub fn set_arg(c: &mut Client, kernel: Id, index: u32, arg: crane_wire::KernelArg) {
+    c.post(Call::SetKernelArg { kernel, index, arg }, &[]);
+}
+
+/// Launches one work-item of `kernel` on the environment's queue (posted).
+pub fn launch_one(c: &mut Client, env: &Env, kernel: Id, sync: Sync) {
+    c.post(
+        Call::EnqueueNdRange {
+            queue: env.queue,
+            kernel,
+            dims: 1,
+            offset: None,
+            global: [1, 1, 1],
+            local: None,
+            sync,
+        },
+        &[],
+    );
+}
+
 pub fn create_buffer(c: &mut Client, env: &Env, flags: u64, size: u64, init: Option<&[u8]>) -> Id {
     let id = c.id();
     c.post(
