@@ -76,22 +76,45 @@ struct Region {
 }
 
 impl Region {
+    /// `len` bytes of fresh anonymous memory. From 2 MiB on, aligned to
+    /// 2 MiB and advised to use transparent huge pages: faulting in and
+    /// pinning memory the first suspend reads into cost 0.3-0.6 s per GiB
+    /// in 4 KiB pages.
     fn new(len: usize) -> Option<Region> {
+        let huge = len >= HUGE;
+        let map = if huge { len + HUGE } else { len };
         // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                map,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        (p != libc::MAP_FAILED).then(|| Region {
-            addr: p as usize,
-            len,
-        })
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let start = p as usize;
+        if !huge {
+            return Some(Region { addr: start, len });
+        }
+        let addr = start.next_multiple_of(HUGE);
+        // SAFETY: the head and tail of the mapping just made, outside
+        // [addr, addr + len); then advice on the part kept.
+        unsafe {
+            if addr > start {
+                libc::munmap(start as *mut c_void, addr - start);
+            }
+            let end = start + map;
+            if end > addr + len {
+                libc::munmap((addr + len) as *mut c_void, end - addr - len);
+            }
+            libc::madvise(addr as *mut c_void, len, libc::MADV_HUGEPAGE);
+        }
+        Some(Region { addr, len })
     }
 }
 
@@ -382,6 +405,20 @@ mod tests {
         assert_eq!(class(HUGE + 1), 2 * HUGE);
         assert_eq!(class(256 << 20), 256 << 20);
         assert_eq!(class((256 << 20) + 1), (256 << 20) + HUGE);
+    }
+
+    #[test]
+    fn large_regions_are_huge_page_aligned_and_whole() {
+        for len in [HUGE, 3 * HUGE, class((64 << 20) + 1)] {
+            let r = Region::new(len).expect("mmap");
+            assert_eq!(r.addr % HUGE, 0);
+            // SAFETY: the region's `len` bytes, mapped until `r` drops.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(r.addr as *mut u8, r.len) };
+            bytes.fill(0x3c);
+            assert!(bytes.iter().all(|&b| b == 0x3c));
+        }
+        let h = HostBytes::from_slice(&[7u8; 5 << 20]);
+        assert_eq!((h.len(), h[0], h[(5 << 20) - 1]), (5 << 20, 7, 7));
     }
 
     #[test]
