@@ -1067,17 +1067,37 @@ fn recreate_rest() -> ClResult<()> {
             if matches!(p.source, ProgramSource::Linked { .. }) != linked {
                 continue;
             }
-            if !linked && let Some(v) = program::vendor_create_compiled(p) {
+            // A compiled program is made again from its source where its
+            // compile can read its files (so that the application may compile
+            // it again, which a program made from a binary refuses), else from
+            // the compiled object kept at suspend (its headers are gone).
+            if !linked
+                && !program::recompilable(p)
+                && let Some(v) = program::vendor_create_compiled(p)
+            {
                 p.base.set_vendor(v);
                 continue;
             }
             let v = program::vendor_create(p)?;
             p.base.set_vendor(v);
-            for step in p.steps.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                if matches!(step, BuildStep::Compile { .. }) && linked {
-                    continue;
-                }
-                program::replay_step(v, step)?;
+            let replayed = p
+                .steps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|step| !(matches!(step, BuildStep::Compile { .. }) && linked))
+                .try_for_each(|step| program::replay_step(v, step));
+            if let Err(e) = replayed {
+                // The compiled object, where one was kept, rather than no
+                // program at all.
+                let Some(kept) = (!linked).then(|| program::vendor_create_compiled(p)).flatten()
+                else {
+                    return Err(e);
+                };
+                let old = p.base.take_vendor();
+                // SAFETY: the program made above, which nothing else holds.
+                unsafe { vendor::release(old, |t| t.clReleaseProgram) };
+                p.base.set_vendor(kept);
             }
         }
     }

@@ -92,6 +92,40 @@ pub fn save_compiled(p: &Program) {
     }
 }
 
+/// Whether `p`, made from source, can be compiled again as it was: every
+/// include of its source resolves with its compile steps' options and
+/// embedded headers (the CTS removes its include directories after
+/// compiling; a compile that cannot find them fails, and PoCL 3.1 then
+/// aborts).
+pub fn recompilable(p: &Program) -> bool {
+    let ProgramSource::Source(src) = &p.source else {
+        return false;
+    };
+    let src = String::from_utf8_lossy(src);
+    let steps = p.steps.lock().unwrap_or_else(|e| e.into_inner());
+    steps.iter().all(|step| match step {
+        BuildStep::Compile {
+            options, headers, ..
+        } => {
+            let embedded: Vec<(String, String)> = headers
+                .iter()
+                .filter_map(|(h, name)| match &h.source {
+                    ProgramSource::Source(s) => Some((
+                        name.to_string_lossy().into_owned(),
+                        String::from_utf8_lossy(s).into_owned(),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            crate::remote::includes::all_resolvable(&src, &options.to_string_lossy(), &embedded)
+        }
+        BuildStep::Build { options, .. } => {
+            crate::remote::includes::all_resolvable(&src, &options.to_string_lossy(), &[])
+        }
+        BuildStep::SpecConstant { .. } => true,
+    })
+}
+
 /// Resume: the program made from the compiled object [`save_compiled`]
 /// kept, or None (then it is made and compiled again from its source).
 pub fn vendor_create_compiled(p: &Program) -> Option<*mut c_void> {

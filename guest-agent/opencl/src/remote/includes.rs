@@ -33,6 +33,11 @@ pub struct Prepared {
 /// `source` with its includes inlined and `options` without `-I`.
 /// `embedded`: clCompileProgram's header names and sources.
 pub fn prepare(source: &str, options: &str, embedded: &[(String, String)]) -> Prepared {
+    expand(source, options, embedded).0
+}
+
+/// [`prepare`], and how many includes could not be resolved.
+fn expand(source: &str, options: &str, embedded: &[(String, String)]) -> (Prepared, usize) {
     let (dirs, options) = take_include_dirs(options);
     let mut x = Expander {
         dirs: dirs.into_iter().map(PathBuf::from).collect(),
@@ -40,12 +45,25 @@ pub fn prepare(source: &str, options: &str, embedded: &[(String, String)]) -> Pr
         embedded,
         once: HashSet::new(),
         out: String::with_capacity(source.len()),
+        misses: 0,
     };
     x.inline(source, None, MAIN, 0);
-    Prepared {
+    let p = Prepared {
         source: x.out,
         options,
+    };
+    (p, x.misses)
+}
+
+/// Whether every include of `source` (and of what it includes) can be found
+/// here with `options` and `embedded` headers: a compile of it can read its
+/// files (resume uses this to tell whether a compiled program can be
+/// compiled again from its source).
+pub fn all_resolvable(source: &str, options: &str, embedded: &[(String, String)]) -> bool {
+    if include_directives(source).is_empty() {
+        return true;
     }
+    expand(source, options, embedded).1 == 0
 }
 
 struct Expander<'a> {
@@ -55,6 +73,8 @@ struct Expander<'a> {
     /// Headers with `#pragma once` already inlined.
     once: HashSet<String>,
     out: String,
+    /// Includes that could not be resolved.
+    misses: usize,
 }
 
 enum Found {
@@ -107,6 +127,7 @@ impl Expander<'_> {
     }
 
     fn error(&mut self, inc: &Include, why: &str) {
+        self.misses += 1;
         self.out.push_str(&format!(
             "#error {}",
             quoted(&format!(
