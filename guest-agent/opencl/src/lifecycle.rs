@@ -1090,7 +1090,9 @@ fn recreate_rest() -> ClResult<()> {
             if let Err(e) = replayed {
                 // The compiled object, where one was kept, rather than no
                 // program at all.
-                let Some(kept) = (!linked).then(|| program::vendor_create_compiled(p)).flatten()
+                let Some(kept) = (!linked)
+                    .then(|| program::vendor_create_compiled(p))
+                    .flatten()
                 else {
                     return Err(e);
                 };
