@@ -100,8 +100,14 @@ impl Flood {
 impl Drop for Flood {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
+        let panicked = self
+            .threads
+            .drain(..)
+            .map(|t| t.join().is_err())
+            .filter(|&p| p)
+            .count();
+        if !std::thread::panicking() {
+            assert_eq!(panicked, 0, "a flood thread panicked");
         }
     }
 }
@@ -185,6 +191,10 @@ fn a_flooding_tenant_does_not_starve_the_others() {
         let t = Instant::now();
         let f = measure(&mut a, &env, buf, i as u8 + 1);
         let done = flood.work.load(Ordering::Relaxed);
+        assert!(
+            done > 0,
+            "the {name} flood did nothing: A was measured alone"
+        );
         let secs = t.elapsed().as_secs_f64();
         drop(flood);
         row(

@@ -35,10 +35,14 @@ use opencl_sys::*;
 use crate::objects::Context;
 use crate::vendor::{self, vfn};
 
-/// Regions below this size are not pinned. Every region is: a small
-/// non-blocking read into unpinned memory cost 18 µs on NVIDIA against 2 µs
-/// into pinned memory.
-const PIN_MIN: usize = PAGE;
+/// Map regions below this size are not pinned: each pin is a vendor buffer
+/// (NVIDIA's device memory use grew by 2 MiB with one, whatever it costs for
+/// small ones), and a process may hold many small maps. The price: a small
+/// non-blocking read into unpinned memory cost 18 µs on NVIDIA against 2 µs.
+const PIN_MIN: usize = 64 << 10;
+/// RAM copies below this size are not pinned for their transfers at suspend
+/// and resume (one temporary pin per buffer, held until the last transfer).
+const TEMP_PIN_MIN: usize = 1 << 20;
 /// Regions up to this size come in powers of two; larger ones in multiples of it.
 const HUGE: usize = 2 << 20;
 const PAGE: usize = 4096;
@@ -346,7 +350,11 @@ pub struct TempPin(*mut c_void);
 
 impl TempPin {
     fn new(vctx: *mut c_void, vdev: *mut c_void, addr: usize, len: usize) -> Option<TempPin> {
-        if len < PIN_MIN || vctx.is_null() || vendor::remote_session().is_some() || is_cpu(vdev) {
+        if len < TEMP_PIN_MIN
+            || vctx.is_null()
+            || vendor::remote_session().is_some()
+            || is_cpu(vdev)
+        {
             return None;
         }
         let create = vfn!(vctx, clCreateBuffer).ok()?;

@@ -223,38 +223,123 @@ fn directive(b: &[u8], mut i: usize, line: &mut usize) -> (usize, usize, String,
     (end, i, name, operand)
 }
 
-/// Options that make a compiler read files or load code: include paths,
-/// forced includes, response files, plugins, pass-through to the driver.
-/// crane-proxy answers a build with one CL_INVALID_BUILD_OPTIONS (compile:
-/// CL_INVALID_COMPILER_OPTIONS, link: CL_INVALID_LINKER_OPTIONS); the
-/// client resolves `-I` itself and leaves it out.
+/// `src` as the preprocessor sees it before it looks for directives: a
+/// byte-order mark dropped, CR and CRLF line ends made LF, trigraphs
+/// replaced, line splices (a backslash, optional blanks, a newline) removed,
+/// and Unicode white space made a space. [`include_directives`] works on the
+/// source as written (its spans index it); crane-proxy's refusal scans this
+/// form, so that no spelling the scanner does not follow (a lone CR as a line
+/// end, `??/` or `\ ` before a newline, an escaped `*/`) hides a directive.
+pub fn normalize(src: &str) -> String {
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
+    let src = src.replace("\r\n", "\n").replace('\r', "\n");
+    let tri = |c: char| match c {
+        '=' => Some('#'),
+        '/' => Some('\\'),
+        '\'' => Some('^'),
+        '(' => Some('['),
+        ')' => Some(']'),
+        '!' => Some('|'),
+        '<' => Some('{'),
+        '>' => Some('}'),
+        '-' => Some('~'),
+        _ => None,
+    };
+    let chars: Vec<char> = src.chars().collect();
+    let mut t = String::with_capacity(src.len());
+    let mut i = 0;
+    while i < chars.len() {
+        if chars[i] == '?'
+            && chars.get(i + 1) == Some(&'?')
+            && let Some(r) = chars.get(i + 2).copied().and_then(tri)
+        {
+            t.push(r);
+            i += 3;
+            continue;
+        }
+        let c = chars[i];
+        t.push(if c != '\n' && c.is_whitespace() {
+            ' '
+        } else {
+            c
+        });
+        i += 1;
+    }
+    // Splices: a backslash, blanks, a newline.
+    let b: Vec<char> = t.chars().collect();
+    let mut out = String::with_capacity(t.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == '\\' {
+            let mut j = i + 1;
+            while j < b.len() && (b[j] == ' ' || b[j] == '\t') {
+                j += 1;
+            }
+            if b.get(j) == Some(&'\n') {
+                i = j + 1;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Whether `src` has a directive that reads a file, in any spelling the
+/// preprocessor accepts (see [`normalize`]): what crane-proxy refuses to
+/// compile.
+pub fn reads_files(src: &str) -> bool {
+    !include_directives(&normalize(src)).is_empty()
+}
+
+/// The first build option crane-proxy does not take, if any. Options are an
+/// allow-list: `-D`/`-U` macros (joined, or followed by a name), `-cl-*`,
+/// `-nv-*`, `-w`, `-W*` warnings, `-g`, `-O0`..`-O3`, `-x` with a language,
+/// `-spir-std=`, `-create-library`, `-enable-link-options`. Anything else —
+/// include paths, forced includes, response files, plugins, pass-through to
+/// the driver, a bare word the compiler would take for an input file — and
+/// any control character other than a space or tab (a separator the
+/// filter would not split on) is refused: crane-proxy answers a build with
+/// CL_INVALID_BUILD_OPTIONS (compile: CL_INVALID_COMPILER_OPTIONS, link:
+/// CL_INVALID_LINKER_OPTIONS). The client resolves `-I` itself and leaves it
+/// out.
 pub fn forbidden_option(options: &str) -> Option<String> {
-    const PREFIXES: [&str; 14] = [
-        "-I",
-        "--include",
-        "-include",
-        "-imacros",
-        "-isystem",
-        "-iquote",
-        "-idirafter",
-        "-iprefix",
-        "-iwithprefix",
-        "-isysroot",
-        "--sysroot",
-        "-fplugin",
-        "-Xclang",
-        "-Xpreprocessor",
-    ];
-    const ALSO: [&str; 6] = ["-F", "-B", "-L", "-load", "--config", "-fmodule"];
-    options.split_ascii_whitespace().find_map(|t| {
-        let bad = t.starts_with('@')
-            || PREFIXES.iter().any(|p| t.starts_with(p))
-            || ALSO.iter().any(|p| t.starts_with(p))
-            || t.starts_with("-Wp,")
-            || t.starts_with("-Xlinker")
-            || t.starts_with("-Wl,");
-        bad.then(|| t.to_owned())
-    })
+    if let Some(c) = options
+        .chars()
+        .find(|&c| (c.is_control() && c != ' ' && c != '\t') || !c.is_ascii())
+    {
+        return Some(format!("{c:?}"));
+    }
+    let ident = |v: &str| v.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_');
+    let mut it = options
+        .split([' ', '\t'])
+        .filter(|t| !t.is_empty())
+        .peekable();
+    while let Some(t) = it.next() {
+        let ok = match t {
+            "-D" | "-U" => it.next().is_some_and(ident),
+            "-x" => it
+                .next()
+                .is_some_and(|v| v.chars().all(|c| c.is_ascii_alphanumeric() || c == '+')),
+            "-w" | "-g" | "-create-library" | "-enable-link-options" => true,
+            "-O0" | "-O1" | "-O2" | "-O3" => true,
+            _ => {
+                (t.starts_with("-D") || t.starts_with("-U")) && ident(&t[2..])
+                    || t.starts_with("-cl-")
+                    || t.starts_with("-nv-")
+                    || t.starts_with("-spir-std=")
+                    || (t.starts_with("-W")
+                        && !t.starts_with("-Wp,")
+                        && !t.starts_with("-Wl,")
+                        && !t.starts_with("-Wa,"))
+            }
+        };
+        if !ok {
+            return Some(t.to_owned());
+        }
+    }
+    None
 }
 
 /// `-I DIR` and `-IDIR` taken out of `options`: (the directories in order,
@@ -351,12 +436,41 @@ mod tests {
         for good in [
             "",
             "-cl-std=CL2.0 -cl-fast-relaxed-math",
-            "-DN=4 -D M=5 -w -Werror",
+            "-DN=4 -D M=5 -w -Werror -UX",
             "-cl-kernel-arg-info -g -x spir",
-            "-cl-nv-maxrregcount=32 -nv-line-info",
+            "-cl-nv-maxrregcount=32 -nv-line-info -O2",
         ] {
             assert_eq!(forbidden_option(good), None, "{good}");
         }
+        // Allowed, not merely not denied: a stray word is an input file to
+        // a compiler driver, a vertical tab a separator to some parsers.
+        for bad in [
+            "-DX /etc/passwd",
+            "-D -include /x",
+            "-DX\x0b-include\x0b/x",
+            "-fsanitize-ignorelist=/x",
+            "-mllvm -x",
+            "-MF /tmp/x",
+            "-Wl,-x",
+            "-x ../x",
+        ] {
+            assert!(forbidden_option(bad).is_some(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn normalized_source_shows_every_hidden_include() {
+        for hidden in [
+            "int x;\r#include \"/f\"\n",
+            "#\\   \ninclude \"/f\"\n",
+            "/* *\\\n/\n#include \"/f\"\n// */\n",
+            "#??/\ninclude \"/f\"\n",
+            "\u{feff}#include \"/f\"\n",
+            "\u{a0}#include \"/f\"\n",
+        ] {
+            assert!(reads_files(hidden), "{hidden:?}");
+        }
+        assert!(!reads_files("// #include \"/f\"\nint x;\n"));
     }
 
     #[test]

@@ -390,7 +390,7 @@ impl Session {
 
 fn source_detail(source: &str) -> Detail {
     Detail::SourceProgram {
-        includes: !crane_wire::source::include_directives(source).is_empty(),
+        includes: crane_wire::source::reads_files(source),
     }
 }
 

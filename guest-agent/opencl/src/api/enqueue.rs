@@ -677,17 +677,22 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 let out = if ve.is_null() { &raw mut own } else { ve };
                 // SAFETY: forwarding, with an event to wait on.
                 let rc = unsafe { marker(vq, n, wl(w), out) };
-                if rc == CL_SUCCESS {
-                    // SAFETY: the vendor event just returned.
-                    unsafe {
-                        let e = *out;
-                        vfn!(e, clWaitForEvents)?(1, &e);
-                        if !own.is_null() {
-                            crate::vendor::release(own.cast(), |d| d.clReleaseEvent);
-                        }
-                    }
+                if rc != CL_SUCCESS {
+                    return Ok(rc);
                 }
-                Ok(rc)
+                // SAFETY: the vendor event just returned.
+                let e = unsafe { *out };
+                let waited = vfn!(e, clWaitForEvents)
+                    // SAFETY: one live vendor event.
+                    .map(|wait| unsafe { wait(1, &e) })
+                    .unwrap_or(CL_INVALID_OPERATION);
+                if !own.is_null() {
+                    // SAFETY: crane's own reference to the marker's event.
+                    unsafe { crate::vendor::release(own.cast(), |d| d.clReleaseEvent) };
+                }
+                // A wait list with a failed event fails the blocking map
+                // (CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST), as natively.
+                Ok(waited)
             })?;
         } else {
             run(queue, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {

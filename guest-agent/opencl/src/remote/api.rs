@@ -1305,7 +1305,11 @@ fn prepare_build(o: &RObj, options: &str, embedded: &[(String, String)]) -> Resu
         return Ok(crane_wire::source::take_include_dirs(options).1);
     };
     let p = super::includes::prepare(original, options, embedded);
-    if p.source != *sent {
+    // Sent again before every build of a program with includes: the proxy
+    // keeps the source of a program that has kernels (the build then fails
+    // as natively), so what it holds may not be what was last sent.
+    let with_includes = !crane_wire::source::include_directives(original).is_empty();
+    if p.source != *sent || with_includes {
         o.session.post(
             &Call::SetProgramSource {
                 program: o.id,

@@ -20,6 +20,8 @@ use crane_wire::source::{Include, Operand, include_directives, take_include_dirs
 
 /// Headers may include headers this deep.
 const MAX_DEPTH: usize = 64;
+/// The most source a program with its headers inlined may come to.
+const MAX_OUTPUT: usize = 64 << 20;
 /// The name `#line` gives the program's own source after an inlined header.
 const MAIN: &str = "<source>";
 
@@ -96,6 +98,11 @@ impl Expander<'_> {
             let lines_after = inc.line + src[inc.start..inc.end].matches('\n').count() + 1;
             match self.find(&inc, dir) {
                 _ if depth >= MAX_DEPTH => self.error(&inc, "includes nest too deeply"),
+                // Headers that include each other without `#pragma once`
+                // would be copied again and again (guards only act later).
+                _ if self.out.len() > MAX_OUTPUT => {
+                    self.error(&inc, "the program with its headers passes 64 MiB")
+                }
                 Found::Missing(why) => self.error(&inc, &why),
                 Found::Text {
                     key,
