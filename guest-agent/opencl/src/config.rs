@@ -25,6 +25,9 @@ pub struct Config {
     /// (`staging`), where pinning buys nothing: so that PoCL runs the paths
     /// GPUs take (tests).
     pub pin_on_cpu: bool,
+    /// `CRANE_PIN_MIN` (bytes): pin map memory and RAM copies from this size
+    /// on (default: 64 KiB for maps, 1 MiB for RAM copies; see `staging`).
+    pub pin_min: Option<usize>,
     /// `CRANE_CONTROL=0` starts no control socket (for benchmarks of the bare
     /// forwarding path).
     pub control_socket: bool,
@@ -73,6 +76,9 @@ pub fn get() -> &'static Config {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(1 << 20),
             pin_on_cpu: flag("CRANE_PIN_CPU", false),
+            pin_min: std::env::var("CRANE_PIN_MIN")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             control_socket: flag("CRANE_CONTROL", true),
             remote_batch: flag("CRANE_REMOTE_BATCH", true),
             remote_spin_us: std::env::var("CRANE_REMOTE_SPIN_US")

@@ -144,7 +144,8 @@ fn unpin(addr: usize) {
 /// apply or the region is pinned there already). A pin that cannot be made
 /// only costs speed.
 fn pin(r: &Region, vctx: *mut c_void, vdev: *mut c_void) {
-    if r.len < PIN_MIN || vctx.is_null() || vendor::remote_session().is_some() {
+    let min = crate::config::get().pin_min.unwrap_or(PIN_MIN);
+    if r.len < min || vctx.is_null() || vendor::remote_session().is_some() {
         return;
     }
     if pins()
@@ -350,7 +351,7 @@ pub struct TempPin(*mut c_void);
 
 impl TempPin {
     fn new(vctx: *mut c_void, vdev: *mut c_void, addr: usize, len: usize) -> Option<TempPin> {
-        if len < TEMP_PIN_MIN
+        if len < crate::config::get().pin_min.unwrap_or(TEMP_PIN_MIN)
             || vctx.is_null()
             || vendor::remote_session().is_some()
             || is_cpu(vdev)

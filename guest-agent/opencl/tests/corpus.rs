@@ -68,6 +68,8 @@ fn gate_without_membarrier() {
 fn pinned_staging_as_on_a_gpu() {
     let mut mode = Mode::preload();
     mode.env.push(("CRANE_PIN_CPU", "1".into()));
+    // The corpus's buffers are small: pin from one page on.
+    mode.env.push(("CRANE_PIN_MIN", "4096".into()));
     // Every host write read back at suspend: the re-injection path for all.
     mode.env.push(("CRANE_WRITE_CACHE", "0".into()));
     for app in ["maps", "copies", "pingpong", "subbuffers"] {
