@@ -243,7 +243,11 @@ mod tests {
             .replace("stty -F \"$dev\" raw -echo\n", "")
             .replace("while read -r -t 1 stale <&3; do :; done\n", "")
             .replace("exec 3<>\"$dev\"", "exec 3<\"$dev\" 4>\"$OUT\"")
-            .replace("} >&3", "} >&4");
+            .replace(">&3", ">&4")
+            .replace(
+                "/tmp/crane-run.answer",
+                &dir.join("answer").display().to_string(),
+            );
         let mut child = std::process::Command::new("sh")
             .arg("-c")
             .arg(script)
@@ -258,32 +262,50 @@ mod tests {
             .unwrap();
         let from_runner = std::fs::File::open(&fifo_out).unwrap();
         to_runner.write_all(b"garbage line\n").unwrap();
-        to_runner
-            .write_all(
-                request_line(
-                    "t1",
-                    Duration::from_secs(5),
-                    "echo out; echo err >&2; exit 5",
-                )
-                .as_bytes(),
-            )
-            .unwrap();
-        let mut parser = AnswerParser::new("t1");
+        // The script counts its runs in a file: a resent request must not run again.
+        let runs = dir.join("runs");
+        let request = request_line(
+            "t1",
+            Duration::from_secs(5),
+            &format!(
+                "echo run >> {}; echo out; echo err >&2; exit 5",
+                runs.display()
+            ),
+        );
+        to_runner.write_all(request.as_bytes()).unwrap();
         let mut reader = BufReader::new(from_runner);
-        let output = loop {
+        let mut next_line = || {
             let mut line = String::new();
             assert_ne!(
                 reader.read_line(&mut line).unwrap(),
                 0,
                 "runner closed early"
             );
-            if let Some(output) = parser.feed(&line).unwrap() {
-                break output;
+            line
+        };
+        let answer = |next_line: &mut dyn FnMut() -> String| {
+            let mut parser = AnswerParser::new("t1");
+            let mut acked = false;
+            loop {
+                let line = next_line();
+                acked |= line == "CRANE-ACK t1\n";
+                if let Some(output) = parser.feed(&line).unwrap() {
+                    assert!(acked, "answered without an acknowledgement");
+                    break output;
+                }
             }
         };
+        let output = answer(&mut next_line);
         assert_eq!(output.stdout, b"out\n");
         assert_eq!(output.stderr, b"err\n");
         assert_eq!(output.status, 5);
+        // A client that missed the answer asks again: acknowledged and answered again,
+        // not run again. A keep-alive gets a line back.
+        to_runner.write_all(request.as_bytes()).unwrap();
+        assert_eq!(answer(&mut next_line), output);
+        to_runner.write_all(b"\n").unwrap();
+        assert_eq!(next_line(), "CRANE-IDLE\n");
+        assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n");
         drop(to_runner);
         child.wait().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();

@@ -196,6 +196,10 @@ impl Drop for Session {
             if let Ok(paths) = host.collect_logs() {
                 for path in paths {
                     eprintln!("console log: {}", path.display());
+                    // CI keeps only the output: show how each console ended.
+                    if std::thread::panicking() {
+                        eprint!("{}", console_tail(&path, 30));
+                    }
                 }
             }
         }
@@ -208,6 +212,30 @@ impl Drop for Session {
             let _ = std::fs::write(path, report);
         }
     }
+}
+
+/// The last `lines` lines of a console log, less the runner's base64 output lines,
+/// each indented, control characters shown as `?`.
+fn console_tail(path: &std::path::Path, lines: usize) -> String {
+    let Ok(bytes) = std::fs::read(path) else {
+        return String::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let kept: Vec<&str> = text
+        .lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.starts_with("O ") && !l.starts_with("E "))
+        .collect();
+    kept[kept.len().saturating_sub(lines)..]
+        .iter()
+        .map(|l| {
+            let shown: String = l
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            format!("    | {shown}\n")
+        })
+        .collect()
 }
 
 /// Runs `attempt` every second until it succeeds with stdout that `accept`
