@@ -249,7 +249,7 @@ pub fn main(
                 std::thread::sleep(Duration::from_secs(1));
                 app.gap()?;
                 let s = request(&sock, &Request::Suspend { deadline_ms })?;
-                let r = request(&sock, &Request::Resume)?;
+                let r = request(&sock, &Request::RESUME)?;
                 std::thread::sleep(Duration::from_millis(200));
                 let pause = app.gap()?;
                 record("suspend", None, s);
@@ -264,13 +264,20 @@ pub fn main(
                         proxy: proxy.addr.clone(),
                         token: Some(proxy.token.clone()),
                         deadline_ms,
+                        device: None,
                     },
                 )?;
                 std::thread::sleep(Duration::from_millis(200));
                 record("remote", Some(app.gap()?), away);
                 std::thread::sleep(Duration::from_secs(1));
                 app.gap()?;
-                let back = request(&sock, &Request::Local { deadline_ms })?;
+                let back = request(
+                    &sock,
+                    &Request::Local {
+                        deadline_ms,
+                        device: None,
+                    },
+                )?;
                 std::thread::sleep(Duration::from_millis(200));
                 record("local", Some(app.gap()?), back);
             }

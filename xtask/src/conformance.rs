@@ -444,10 +444,14 @@ fn inject(
                 proxy,
                 token: Some(token),
                 deadline_ms,
+                device: None,
             },
-            Request::Local { deadline_ms },
+            Request::Local {
+                deadline_ms,
+                device: None,
+            },
         ),
-        _ => (Request::Suspend { deadline_ms }, Request::Resume),
+        _ => (Request::Suspend { deadline_ms }, Request::RESUME),
     };
     let gone = |e: &crane_control::CallError| matches!(e, crane_control::CallError::Connect { .. });
     loop {

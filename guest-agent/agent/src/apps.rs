@@ -27,7 +27,7 @@ fn success_outcome(req: &Request) -> AppOutcome {
     match req {
         Request::Remote { .. } => AppOutcome::Remote,
         Request::Suspend { .. } => AppOutcome::Suspended,
-        Request::Status | Request::Resume | Request::Local { .. } => AppOutcome::Passthrough,
+        Request::Status | Request::Resume { .. } | Request::Local { .. } => AppOutcome::Passthrough,
     }
 }
 
@@ -178,6 +178,7 @@ pub(crate) mod fake {
                             tracked_bytes: 0,
                             dirty_bytes: 0,
                             vendors: Vec::new(),
+                            devices: Vec::new(),
                             busy: false,
                         }),
                         phases: Vec::new(),
@@ -205,7 +206,7 @@ pub(crate) mod fake {
                         *mode = Mode::Remote;
                         ok()
                     }
-                    (Request::Resume, _) if *mode == Mode::Suspended => {
+                    (Request::Resume { .. }, _) if *mode == Mode::Suspended => {
                         *mode = Mode::Passthrough;
                         ok()
                     }

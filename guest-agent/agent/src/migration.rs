@@ -231,6 +231,7 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
                     proxy: proxy.clone(),
                     token: token.clone(),
                     deadline_ms,
+                    device: None,
                 },
                 MigrateMode::StopAndCopy => AppRequest::Suspend { deadline_ms },
             }
@@ -337,8 +338,9 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
         let back_req = match mode {
             MigrateMode::Remote { .. } => AppRequest::Local {
                 deadline_ms: self.cfg.rollback_timeout_ms,
+                device: None,
             },
-            MigrateMode::StopAndCopy => AppRequest::Resume,
+            MigrateMode::StopAndCopy => AppRequest::RESUME,
         };
         let to_restore: Vec<u32> = reports
             .iter()
@@ -511,18 +513,19 @@ fn back_to_passthrough(
             ms: t.elapsed().as_secs_f64() * 1e3,
             error: None,
         },
-        Some(Mode::Suspended) => apps::send(run_dir, pid, &AppRequest::Resume, wait),
+        Some(Mode::Suspended) => apps::send(run_dir, pid, &AppRequest::RESUME, wait),
         Some(Mode::Remote) => apps::send(
             run_dir,
             pid,
             &AppRequest::Local {
                 deadline_ms: left.as_millis().max(1) as u64,
+                device: None,
             },
             wait,
         ),
         // Did not say: the same request tells gone from failing.
         None => {
-            let mut r = apps::send(run_dir, pid, &AppRequest::Resume, wait);
+            let mut r = apps::send(run_dir, pid, &AppRequest::RESUME, wait);
             if r.outcome == AppOutcome::Failed {
                 r.error = Some(format!(
                     "did not report its mode; resume: {}",

@@ -60,7 +60,12 @@ pub enum Request {
         deadline_ms: u64,
     },
     /// Reload the vendor library, recreate every object, re-inject memory.
-    Resume,
+    Resume {
+        /// Where the process's devices go (a [`DeviceSpec`]); none: the
+        /// devices it was on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+    },
     /// Move the process's GPU state to `crane-proxy` at `proxy` and carry on
     /// over RPC; the local vendor library is unloaded when this returns.
     Remote {
@@ -70,12 +75,113 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
         deadline_ms: u64,
+        /// Which of the proxy's devices the process's devices go to (a
+        /// [`DeviceSpec`]); none: those of the same platform and position.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
     },
     /// Bring the process's GPU state back from the proxy to the local vendor
     /// library (reload, recreate, re-inject what the proxy changed).
+    /// From passthrough with `device`: move onto another local device.
     Local {
         deadline_ms: u64,
+        /// Where the process's devices go (a [`DeviceSpec`]); none: the
+        /// devices it was on before it went remote.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
     },
+}
+
+impl Request {
+    /// `Resume` onto the devices the process was on.
+    pub const RESUME: Request = Request::Resume { device: None };
+}
+
+/// Which device a process's OpenCL devices go to at a resume or a move.
+///
+/// Written as `home` (the devices it started on), `cpu`, `gpu`, `accelerator`
+/// (the first devices of that type, platforms in order), or any other text:
+/// the first devices whose platform name, vendor or device name contains it,
+/// ignoring case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Home,
+    Type(DeviceType),
+    Named(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceType {
+    Cpu,
+    Gpu,
+    Accelerator,
+}
+
+impl DeviceType {
+    /// The `CL_DEVICE_TYPE_*` bit.
+    pub fn cl_bit(self) -> u64 {
+        match self {
+            DeviceType::Cpu => 1 << 1,
+            DeviceType::Gpu => 1 << 2,
+            DeviceType::Accelerator => 1 << 3,
+        }
+    }
+}
+
+/// What a [`DeviceSpec`] is matched against.
+pub struct DeviceFacts<'a> {
+    pub platform: &'a str,
+    pub vendor: &'a str,
+    pub name: &'a str,
+    /// `CL_DEVICE_TYPE` bits.
+    pub cl_type: u64,
+}
+
+impl DeviceSpec {
+    /// Parses a spec; an empty or over-long one is an error.
+    pub fn parse(s: &str) -> Result<DeviceSpec, String> {
+        let t = s.trim();
+        if t.is_empty() {
+            return Err("an empty device spec".into());
+        }
+        if t.len() > 256 || t.chars().any(char::is_control) {
+            return Err("a device spec is at most 256 printable characters".into());
+        }
+        Ok(match t.to_ascii_lowercase().as_str() {
+            "home" => DeviceSpec::Home,
+            "cpu" => DeviceSpec::Type(DeviceType::Cpu),
+            "gpu" => DeviceSpec::Type(DeviceType::Gpu),
+            "accelerator" => DeviceSpec::Type(DeviceType::Accelerator),
+            _ => DeviceSpec::Named(t.to_owned()),
+        })
+    }
+
+    /// Whether a device is one this spec names (`Home` names none: it is
+    /// resolved by identity, not by facts).
+    pub fn matches(&self, d: &DeviceFacts<'_>) -> bool {
+        match self {
+            DeviceSpec::Home => false,
+            DeviceSpec::Type(t) => d.cl_type & t.cl_bit() != 0,
+            DeviceSpec::Named(n) => {
+                let n = n.to_lowercase();
+                [d.platform, d.vendor, d.name]
+                    .iter()
+                    .any(|s| s.to_lowercase().contains(&n))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Home => f.write_str("home"),
+            DeviceSpec::Type(DeviceType::Cpu) => f.write_str("cpu"),
+            DeviceSpec::Type(DeviceType::Gpu) => f.write_str("gpu"),
+            DeviceSpec::Type(DeviceType::Accelerator) => f.write_str("accelerator"),
+            DeviceSpec::Named(n) => f.write_str(n),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -113,6 +219,10 @@ pub struct AppStatus {
     /// Bytes a suspend would have to read back now.
     pub dirty_bytes: u64,
     pub vendors: Vec<String>,
+    /// The devices its contexts use now, as `"NAME" of "PLATFORM"` (empty
+    /// while busy).
+    #[serde(default)]
+    pub devices: Vec<String>,
     /// The process stayed inside an OpenCL call (a program build, a long
     /// wait) while its objects were to be counted: the counts and byte
     /// figures are left at zero; pid, exe, mode and vendors hold.
@@ -261,8 +371,53 @@ mod tests {
         let s = serde_json::to_string(&Request::Suspend { deadline_ms: 500 }).unwrap();
         assert_eq!(s, r#"{"cmd":"suspend","deadline_ms":500}"#);
         let r: Request = serde_json::from_str(r#"{"cmd":"resume"}"#).unwrap();
-        assert_eq!(r, Request::Resume);
+        assert_eq!(r, Request::RESUME);
+        assert_eq!(
+            serde_json::to_string(&Request::RESUME).unwrap(),
+            r#"{"cmd":"resume"}"#
+        );
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"local","deadline_ms":9,"device":"cpu"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Local {
+                deadline_ms: 9,
+                device: Some("cpu".into())
+            }
+        );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());
+    }
+
+    #[test]
+    fn device_specs_parse_and_match_as_documented() {
+        let gpu = DeviceFacts {
+            platform: "NVIDIA CUDA",
+            vendor: "NVIDIA Corporation",
+            name: "NVIDIA H100 80GB HBM3",
+            cl_type: 1 << 2,
+        };
+        let cpu = DeviceFacts {
+            platform: "Portable Computing Language",
+            vendor: "AuthenticAMD",
+            name: "pthread-haswell-AMD EPYC",
+            cl_type: 1 << 1,
+        };
+        let spec = |s| DeviceSpec::parse(s).unwrap();
+        assert_eq!(spec(" CPU "), DeviceSpec::Type(DeviceType::Cpu));
+        assert_eq!(spec("home"), DeviceSpec::Home);
+        assert!(spec("cpu").matches(&cpu) && !spec("cpu").matches(&gpu));
+        assert!(spec("gpu").matches(&gpu) && !spec("gpu").matches(&cpu));
+        assert!(spec("nvidia").matches(&gpu) && !spec("nvidia").matches(&cpu));
+        assert!(spec("Pthread").matches(&cpu));
+        assert!(spec("portable computing").matches(&cpu));
+        assert!(!spec("home").matches(&cpu));
+        assert!(!spec("accelerator").matches(&gpu));
+        for bad in ["", "  ", "a\nb"] {
+            assert!(DeviceSpec::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(DeviceSpec::parse(&"x".repeat(257)).is_err());
+        assert_eq!(spec("H100").to_string(), "H100");
+        assert_eq!(spec("GPU").to_string(), "gpu");
     }
 
     #[test]

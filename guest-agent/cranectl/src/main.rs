@@ -36,6 +36,20 @@ struct Which {
     deadline_ms: u64,
 }
 
+#[derive(Debug, Args)]
+struct OnDevice {
+    /// Where the process's devices go: `home` (those it started on), `cpu`,
+    /// `gpu`, `accelerator`, or text found in the platform name, vendor or
+    /// device name (ignoring case). Default: the devices it is on.
+    #[arg(long, value_name = "SPEC", value_parser = parse_device)]
+    device: Option<String>,
+}
+
+/// Checks a device spec the way the process will read it.
+fn parse_device(s: &str) -> Result<String, String> {
+    crane_control::DeviceSpec::parse(s).map(|_| s.trim().to_owned())
+}
+
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// List the interposed processes, their mode and their objects.
@@ -43,7 +57,12 @@ enum Cmd {
     /// Park a process's GPU state in RAM and unload its vendor library.
     Suspend(Which),
     /// Reload the vendor library and rebuild the process's objects.
-    Resume(Which),
+    Resume {
+        #[command(flatten)]
+        which: Which,
+        #[command(flatten)]
+        device: OnDevice,
+    },
     /// Move a process to crane-proxy; it carries on over RPC.
     Remote {
         #[command(flatten)]
@@ -54,9 +73,18 @@ enum Cmd {
         /// A file holding the session token the proxy expects.
         #[arg(long, value_name = "F")]
         token_file: Option<PathBuf>,
+        #[command(flatten)]
+        device: OnDevice,
     },
-    /// Bring a process back from crane-proxy to the local vendor library.
-    Local(Which),
+    /// Bring a process back from crane-proxy to the local vendor library;
+    /// with --device, also move a process in passthrough onto another local
+    /// device.
+    Local {
+        #[command(flatten)]
+        which: Which,
+        #[command(flatten)]
+        device: OnDevice,
+    },
     /// Drive a `crane-agent --standalone` (no Xen) over its socket.
     #[command(subcommand)]
     Agent(agent::AgentCmd),
@@ -202,6 +230,9 @@ fn run() -> Result<ExitCode> {
                                 s.dirty_bytes,
                                 s.exe
                             );
+                            if !s.devices.is_empty() {
+                                println!("{:>8}  on {}", "", s.devices.join(", "));
+                            }
                         }
                     }
                     Ok(r) => eprintln!("{pid}: {}", r.error.unwrap_or_default()),
@@ -215,7 +246,7 @@ fn run() -> Result<ExitCode> {
                 }
             }
         }
-        Cmd::Suspend(_) | Cmd::Resume(_) | Cmd::Remote { .. } | Cmd::Local(_) => {
+        Cmd::Suspend(_) | Cmd::Resume { .. } | Cmd::Remote { .. } | Cmd::Local { .. } => {
             let (verb, done, which, req) = match cli.cmd {
                 Cmd::Suspend(w) => (
                     "suspend",
@@ -225,11 +256,19 @@ fn run() -> Result<ExitCode> {
                         deadline_ms: w.deadline_ms,
                     },
                 ),
-                Cmd::Resume(w) => ("resume", "resumed", w.target, Request::Resume),
+                Cmd::Resume { which, device } => (
+                    "resume",
+                    "resumed",
+                    which.target,
+                    Request::Resume {
+                        device: device.device,
+                    },
+                ),
                 Cmd::Remote {
                     which,
                     proxy,
                     token_file,
+                    device,
                 } => (
                     "remote",
                     "remote",
@@ -238,14 +277,16 @@ fn run() -> Result<ExitCode> {
                         proxy,
                         token: token_file.as_deref().map(read_token).transpose()?,
                         deadline_ms: which.deadline_ms,
+                        device: device.device,
                     },
                 ),
-                Cmd::Local(w) => (
+                Cmd::Local { which, device } => (
                     "local",
                     "local",
-                    w.target,
+                    which.target,
                     Request::Local {
-                        deadline_ms: w.deadline_ms,
+                        deadline_ms: which.deadline_ms,
+                        device: device.device,
                     },
                 ),
                 _ => unreachable!("matched above"),

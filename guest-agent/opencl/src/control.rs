@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
-use crane_control::{MAX_REQUEST, Mode, Request, Response};
+use crane_control::{DeviceSpec, MAX_REQUEST, Mode, Request, Response};
 
 use crate::config::{self, debug, warn};
 use crate::{gate, lifecycle};
@@ -248,34 +248,48 @@ fn handle(req: Request) -> Response {
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during suspend"),
         },
-        Request::Resume => match std::panic::catch_unwind(lifecycle::resume) {
-            Ok(Ok(phases)) => ok(phases, None),
-            Ok(Err(e)) => Response::error(format!("{e}; the process stays suspended")),
-            Err(_) => Response::error("internal error during resume"),
-        },
+        Request::Resume { device } => {
+            match std::panic::catch_unwind(|| lifecycle::resume_on(parse_spec(device)?)) {
+                Ok(Ok(phases)) => ok(phases, None),
+                Ok(Err(e)) => Response::error(format!("{e}; the process stays suspended")),
+                Err(_) => Response::error("internal error during resume"),
+            }
+        }
         Request::Remote {
             proxy,
             token,
             deadline_ms,
+            device,
         } => match std::panic::catch_unwind(|| {
             lifecycle::go_remote(
                 proxy,
                 token.unwrap_or_default(),
                 Duration::from_millis(deadline_ms),
+                parse_spec(device)?,
             )
         }) {
             Ok(Ok((phases, residue))) => ok(phases, Some(residue)),
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error while going remote"),
         },
-        Request::Local { deadline_ms } => match std::panic::catch_unwind(|| {
-            lifecycle::go_local(Duration::from_millis(deadline_ms))
+        Request::Local {
+            deadline_ms,
+            device,
+        } => match std::panic::catch_unwind(|| {
+            lifecycle::go_local(Duration::from_millis(deadline_ms), parse_spec(device)?)
         }) {
             Ok(Ok(phases)) => ok(phases, None),
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error while going local"),
         },
     }
+}
+
+/// A request's device spec, or why it is not one.
+fn parse_spec(device: Option<String>) -> Result<Option<DeviceSpec>, String> {
+    device
+        .map(|d| DeviceSpec::parse(&d).map_err(|e| format!("bad device spec: {e}")))
+        .transpose()
 }
 
 #[cfg(test)]

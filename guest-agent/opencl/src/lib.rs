@@ -28,6 +28,7 @@ pub mod handle;
 pub mod lifecycle;
 pub mod objects;
 pub mod remote;
+mod retarget;
 pub mod staging;
 pub mod vendor;
 

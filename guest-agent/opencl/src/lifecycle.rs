@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crane_control::{Mode, Phase, Residue};
+use crane_control::{DeviceSpec, Mode, Phase, Residue};
 use crane_vendor_loader::DevicePolicy;
 use opencl_sys::*;
 
@@ -809,6 +809,16 @@ fn close_vendors(detached: vendor::Detached) -> Vec<String> {
     still_mapped
 }
 
+/// Resumes after `suspend` onto the devices `spec` names (none: the devices
+/// the process was on).
+pub fn resume_on(spec: Option<DeviceSpec>) -> Result<Vec<Phase>, String> {
+    if mode() != Mode::Suspended {
+        return Err("the process is not suspended".into());
+    }
+    vendor::set_device(spec);
+    resume()
+}
+
 /// Resumes after `suspend`: reload, recreate in dependency order, re-inject.
 pub fn resume() -> Result<Vec<Phase>, String> {
     if mode() != Mode::Suspended {
@@ -833,7 +843,10 @@ fn reopen() {
 fn rebuild() -> Result<Vec<Phase>, String> {
     let mut tm = Timer::new();
     let remote = matches!(vendor::target(), Target::Remote { .. });
-    vendor::load().map_err(|e| {
+    let loaded = vendor::load();
+    // A device spec is for this attempt only.
+    vendor::set_device(None);
+    loaded.map_err(|e| {
         if let Some(why) = vendor::take_load_error() {
             why
         } else if remote {
@@ -849,23 +862,44 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         }
     })?;
     tm.lap(if remote { "connect" } else { "reload" }, 0);
-    // Gives back what was made, so that a later attempt starts clean, and
-    // says why: a broken connection to crane-proxy rather than the error
-    // code every call gets after it.
-    let failed = |what: &str, e: cl_int| {
-        let broken = vendor::remote_session().and_then(|s| s.broken());
+    let moved = vendor::take_moved();
+    // Gives back what was made, so that a later attempt starts clean (on the
+    // devices the process was on), and says why.
+    let give_up = |why: String| {
         release_all();
         vendor::unload(&policy());
-        match broken {
+        for m in &moved {
+            *m.device.now.lock().unwrap_or_else(|e| e.into_inner()) = m.from.clone();
+        }
+        why
+    };
+    // Says why a step failed: a broken connection to crane-proxy rather than
+    // the error code every call gets after it.
+    let failed = |what: &str, e: cl_int| {
+        let broken = vendor::remote_session().and_then(|s| s.broken());
+        let hint = if e == CL_INVALID_BINARY && !moved.is_empty() {
+            ": a program the application made from a binary cannot be made on the new device \
+             (a binary is for the device it was built for)"
+        } else {
+            ""
+        };
+        give_up(match broken {
             Some(why) => format!("{what} failed: {why}"),
             None => format!(
-                "{what} failed with OpenCL error {}",
+                "{what} failed with OpenCL error {}{hint}",
                 crate::entry::error_text(e)
             ),
-        }
+        })
     };
+    let scope = crate::retarget::Scope {
+        moved: &moved,
+        remote,
+    };
+    if let Err(why) = crate::retarget::check_objects(scope) {
+        return Err(give_up(why));
+    }
     let (mut bytes, mut inject) = (0u64, Duration::ZERO);
-    if let Err(e) = recreate(&mut bytes, &mut inject) {
+    if let Err(e) = recreate(&mut bytes, &mut inject, !moved.is_empty()) {
         return Err(failed("recreating the objects", e));
     }
     if let Some(s) = vendor::remote_session() {
@@ -877,6 +911,9 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     } else {
         // Maps the application holds keep their speed on the new vendor.
         staging::repin_held();
+    }
+    if let Err(why) = crate::retarget::check_launches(scope) {
+        return Err(give_up(why));
     }
     tm.lap("recreate", 0);
     let rec = tm.phases.last_mut().expect("just pushed");
@@ -891,10 +928,11 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     Ok(tm.phases)
 }
 
-fn recreate(reinjected: &mut u64, reinject_time: &mut Duration) -> ClResult<()> {
+fn recreate(reinjected: &mut u64, reinject_time: &mut Duration, moved: bool) -> ClResult<()> {
     // Sub-devices, parents first (slot order is creation order for a chain).
     for d in handle::live::<Device>() {
         let Some(parent) = &d.parent else { continue };
+        *d.now.lock().unwrap_or_else(|e| e.into_inner()) = parent.now();
         let vs = api::platform::create_sub_devices(parent, &d.partition)?;
         let mine = *vs.get(d.index).ok_or(CL_DEVICE_NOT_FOUND)?;
         for (i, &v) in vs.iter().enumerate() {
@@ -920,7 +958,7 @@ fn recreate(reinjected: &mut u64, reinject_time: &mut Duration) -> ClResult<()> 
     inject.finish();
     *reinject_time += t.elapsed();
     r?;
-    recreate_rest()
+    recreate_rest(moved)
 }
 
 /// Buffers re-injected by writes from their pinned RAM copies, completed
@@ -1056,7 +1094,7 @@ fn recreate_mems(
     Ok(())
 }
 
-fn recreate_rest() -> ClResult<()> {
+fn recreate_rest(moved: bool) -> ClResult<()> {
     for s in handle::live::<Sampler>() {
         s.base.set_vendor(api::sampler::vendor_create(&s)?);
     }
@@ -1070,8 +1108,10 @@ fn recreate_rest() -> ClResult<()> {
             // A compiled program is made again from its source where its
             // compile can read its files (so that the application may compile
             // it again, which a program made from a binary refuses), else from
-            // the compiled object kept at suspend (its headers are gone).
+            // the compiled object kept at suspend (its headers are gone), unless
+            // the devices changed: that object is for the old ones.
             if !linked
+                && !moved
                 && !program::recompilable(p)
                 && let Some(v) = program::vendor_create_compiled(p)
             {
@@ -1090,7 +1130,7 @@ fn recreate_rest() -> ClResult<()> {
             if let Err(e) = replayed {
                 // The compiled object, where one was kept, rather than no
                 // program at all.
-                let Some(kept) = (!linked)
+                let Some(kept) = (!linked && !moved)
                     .then(|| program::vendor_create_compiled(p))
                     .flatten()
                 else {
@@ -1169,6 +1209,7 @@ pub fn go_remote(
     addr: String,
     token: String,
     deadline: Duration,
+    spec: Option<DeviceSpec>,
 ) -> Result<(Vec<Phase>, Residue), String> {
     let was = mode();
     if was == Mode::Remote {
@@ -1181,6 +1222,7 @@ pub fn go_remote(
     };
     if was == Mode::Suspended {
         vendor::set_target(remote);
+        vendor::set_device(spec);
         return resume().map(|p| (p, Residue::default())).map_err(|e| {
             vendor::set_target(before);
             format!("moving to crane-proxy at {addr} failed: {e}; it stays suspended")
@@ -1192,6 +1234,7 @@ pub fn go_remote(
     let releaser = Releaser::start(take_vendor_objects(), vendor::detach(), parallel);
     set_mode(Mode::Suspended);
     vendor::set_target(remote);
+    vendor::set_device(spec);
     let rebuilt = rebuild();
     let waited = Instant::now();
     let released = releaser.finish();
@@ -1309,10 +1352,36 @@ impl Releaser {
 /// Remote to passthrough: the post-migration path. Drains the proxy, reads
 /// back what it dirtied, closes the session (the proxy frees its memory), then
 /// reloads the local vendor library and recreates everything.
-pub fn go_local(deadline: Duration) -> Result<Vec<Phase>, String> {
+///
+/// With a device spec, also from passthrough: onto other local devices (a
+/// suspend and a resume there); if they cannot take the process, it resumes
+/// where it was.
+pub fn go_local(deadline: Duration, spec: Option<DeviceSpec>) -> Result<Vec<Phase>, String> {
     let was = mode();
     if was == Mode::Passthrough {
-        return Err("the process is already local".into());
+        let Some(spec) = spec else {
+            return Err("the process is already local".into());
+        };
+        if vendor::used_roots().is_empty() {
+            return Err("nothing to move: the process has made no OpenCL context yet".into());
+        }
+        let mut phases = suspend(deadline)?.0;
+        vendor::set_device(Some(spec.clone()));
+        return match resume() {
+            Ok(p) => {
+                phases.extend(p);
+                Ok(phases)
+            }
+            Err(e) => match resume() {
+                Ok(_) => Err(format!(
+                    "moving onto device {spec} failed: {e}; it carries on where it was"
+                )),
+                Err(e2) => Err(format!(
+                    "moving onto device {spec} failed: {e}; resuming where it was failed \
+                     too ({e2}); it stays suspended"
+                )),
+            },
+        };
     }
     let mut phases = if was == Mode::Remote {
         suspend(deadline)?.0
@@ -1321,6 +1390,7 @@ pub fn go_local(deadline: Duration) -> Result<Vec<Phase>, String> {
     };
     let before = vendor::target();
     vendor::set_target(Target::Local);
+    vendor::set_device(spec);
     match resume() {
         Ok(p) => {
             phases.extend(p);
@@ -1370,6 +1440,10 @@ pub fn status() -> crane_control::AppStatus {
         },
         tracked_bytes: tracked,
         dirty_bytes: dirty,
+        devices: vendor::used_roots()
+            .iter()
+            .map(|d| d.now().to_string())
+            .collect(),
         busy: false,
         ..status_busy()
     }
@@ -1391,6 +1465,7 @@ pub fn status_busy() -> crane_control::AppStatus {
             .iter()
             .map(|p| p.display().to_string())
             .collect(),
+        devices: Vec::new(),
         busy: true,
     }
 }

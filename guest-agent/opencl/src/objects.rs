@@ -3,7 +3,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{CString, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
@@ -63,7 +63,43 @@ pub struct Device {
     pub index: usize,
     /// Sub-devices: the partition properties they were made with.
     pub partition: Vec<cl_device_partition_property>,
+    /// The device the application got this handle for.
+    pub home: DeviceId,
+    /// The device behind the handle now: another one after a move with a
+    /// device spec (`crane_control::DeviceSpec`).
+    pub now: Mutex<DeviceId>,
+    /// Root devices: a context was ever made with it (or a sub-device of
+    /// it). The devices a move with a spec takes along.
+    pub used: AtomicBool,
+}
+
+/// Which physical device (as far as OpenCL tells) a handle refers to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceId {
+    pub platform: String,
     pub name: String,
+    /// `CL_DRIVER_VERSION`: binaries are reused only on the same driver.
+    pub driver: String,
+}
+
+impl std::fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} of {:?}", self.name, self.platform)
+    }
+}
+
+impl Device {
+    /// The device behind the handle now.
+    pub fn now(&self) -> DeviceId {
+        self.now.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    /// The root device (itself for a root device).
+    pub fn root(&self) -> &Device {
+        match &self.parent {
+            Some(p) => p.root(),
+            None => self,
+        }
+    }
 }
 
 impl ClObject for Device {
@@ -453,8 +489,43 @@ pub struct Kernel {
     /// Indices of the arguments through which a launch may write memory.
     pub dirtying_args: Box<[u32]>,
     pub exec_info: Mutex<Vec<(cl_kernel_exec_info, Vec<u8>)>>,
+    /// The largest explicit work-group the application launched: per
+    /// dimension, then the product. A move to another device is refused
+    /// where the kernel there cannot run it.
+    pub max_local: [AtomicUsize; 4],
 }
 cl_object!(Kernel, Kernel, clReleaseKernel);
+
+impl Kernel {
+    /// Records a launch's explicit work-group size (`local`, `dim` entries;
+    /// null: the vendor chooses).
+    #[inline(always)]
+    pub fn note_local(&self, dim: cl_uint, local: *const usize) {
+        if local.is_null() {
+            return;
+        }
+        let dims = (dim as usize).min(3);
+        let mut total = 1usize;
+        for i in 0..dims {
+            // SAFETY: the vendor accepted this launch, so `local` holds `dim`
+            // entries.
+            let l = unsafe { *local.add(i) };
+            total = total.saturating_mul(l);
+            if l > self.max_local[i].load(Ordering::Relaxed) {
+                self.max_local[i].store(l, Ordering::Relaxed);
+            }
+        }
+        if total > self.max_local[3].load(Ordering::Relaxed) {
+            self.max_local[3].store(total, Ordering::Relaxed);
+        }
+    }
+
+    /// The largest work-group launched so far: per dimension and in total.
+    pub fn largest_local(&self) -> ([usize; 3], usize) {
+        let d = |i: usize| self.max_local[i].load(Ordering::Relaxed);
+        ([d(0), d(1), d(2)], d(3))
+    }
+}
 
 // SAFETY: `args` is only touched as documented on the field.
 unsafe impl Sync for Kernel {}

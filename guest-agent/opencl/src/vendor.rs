@@ -13,8 +13,9 @@ use opencl_sys::*;
 use crate::config::{self, debug, warn};
 use crate::entry::ClResult;
 use crate::handle::{self, Base};
-use crate::objects::{Device, Platform};
+use crate::objects::{Device, DeviceId, Platform};
 use crate::remote;
+use crane_control::{DeviceFacts, DeviceSpec};
 
 /// The dispatch table of a vendor object.
 ///
@@ -109,6 +110,16 @@ struct State {
     platforms: Vec<Arc<Platform>>,
     /// Root devices per platform (index into `platforms`), created on demand.
     devices: Vec<Vec<Arc<Device>>>,
+    /// Where the process's devices go at the next load (None: where they are).
+    spec: Option<DeviceSpec>,
+    /// The devices the last load put behind another physical device.
+    moved: Vec<Moved>,
+}
+
+/// A root device the last load moved onto another physical device.
+pub struct Moved {
+    pub device: Arc<Device>,
+    pub from: DeviceId,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
@@ -118,6 +129,8 @@ static STATE: Mutex<State> = Mutex::new(State {
     loaded: Vec::new(),
     platforms: Vec::new(),
     devices: Vec::new(),
+    spec: None,
+    moved: Vec::new(),
 });
 
 fn state() -> std::sync::MutexGuard<'static, State> {
@@ -397,6 +410,183 @@ pub fn set_target(t: Target) {
     state().target = Some(t);
 }
 
+/// Where the process's devices go at the next load (that load only): the
+/// devices a spec names, or (None, the default) the devices they are on now.
+pub fn set_device(spec: Option<DeviceSpec>) {
+    state().spec = spec;
+}
+
+/// The devices the last load moved onto another physical device.
+pub fn take_moved() -> Vec<Moved> {
+    std::mem::take(&mut state().moved)
+}
+
+/// What OpenCL says a vendor device is.
+pub fn device_id(vd: cl_device_id) -> DeviceId {
+    let vp: cl_platform_id = device_value(vd, CL_DEVICE_PLATFORM).unwrap_or(std::ptr::null_mut());
+    DeviceId {
+        platform: if vp.is_null() {
+            String::new()
+        } else {
+            platform_name(vp)
+        },
+        name: device_string(vd, CL_DEVICE_NAME).unwrap_or_default(),
+        driver: device_string(vd, CL_DRIVER_VERSION).unwrap_or_default(),
+    }
+}
+
+/// A fixed-size device info answer (`T` must be the parameter's type).
+pub fn device_value<T: Copy + Default>(vd: cl_device_id, param: cl_device_info) -> Option<T> {
+    let f = vfn!(vd, clGetDeviceInfo).ok()?;
+    let mut v = T::default();
+    // SAFETY: room for one `T`, the parameter's size.
+    let rc = unsafe {
+        f(
+            vd,
+            param,
+            size_of::<T>(),
+            (&raw mut v).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    (rc == CL_SUCCESS).then_some(v)
+}
+
+/// A string device info answer.
+pub fn device_string(vd: cl_device_id, param: cl_device_info) -> Option<String> {
+    info_string(vd.cast(), |d| d.clGetDeviceInfo.map(|f| (f, param)))
+}
+
+/// A device the loaded vendors offer.
+struct Offered {
+    vp: cl_platform_id,
+    vd: cl_device_id,
+    id: DeviceId,
+    vendor: String,
+    cl_type: cl_device_type,
+}
+
+impl Offered {
+    fn facts(&self) -> DeviceFacts<'_> {
+        DeviceFacts {
+            platform: &self.id.platform,
+            vendor: &self.vendor,
+            name: &self.id.name,
+            cl_type: self.cl_type,
+        }
+    }
+}
+
+fn offered(loaded: &[Option<Loaded>]) -> Vec<Offered> {
+    let mut out = Vec::new();
+    for &vp in loaded.iter().flatten().flat_map(|l| l.platforms.iter()) {
+        for vd in vendor_devices(vp).unwrap_or_default() {
+            out.push(Offered {
+                vp,
+                vd,
+                id: device_id(vd),
+                vendor: device_string(vd, CL_DEVICE_VENDOR).unwrap_or_default(),
+                cl_type: device_value(vd, CL_DEVICE_TYPE).unwrap_or(0),
+            });
+        }
+    }
+    out
+}
+
+/// The root devices the process has made contexts with, platform by platform.
+pub fn used_roots() -> Vec<Arc<Device>> {
+    used_of(&state().devices)
+}
+
+fn used_of(devices: &[Vec<Arc<Device>>]) -> Vec<Arc<Device>> {
+    devices
+        .iter()
+        .flatten()
+        .filter(|d| d.used.load(std::sync::atomic::Ordering::Relaxed))
+        .cloned()
+        .collect()
+}
+
+/// Decides which offered device each of the process's root devices goes to
+/// (index into `offered`), or why it cannot go anywhere.
+///
+/// Devices in use go, in order, to the devices `spec` names (`Home`: the
+/// devices they started on; none: the devices they are on now, else the
+/// device of the same platform name and position). Devices the process
+/// listed but does not use follow the same rule where they can, else go to
+/// the first device offered, so that their handles keep answering queries.
+fn plan_devices(
+    devices: &[Vec<Arc<Device>>],
+    used: &[Arc<Device>],
+    offered: &[Offered],
+    spec: Option<&DeviceSpec>,
+) -> Result<Vec<(Arc<Device>, usize)>, String> {
+    if offered.is_empty() {
+        return Err("it offers no device".into());
+    }
+    let mut taken = vec![false; offered.len()];
+    let mut plan = Vec::new();
+    let same_place = |d: &Device, taken: &[bool]| {
+        offered
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.id.platform == d.platform.name)
+            .nth(d.index)
+            .map(|(i, _)| i)
+            .filter(|&i| !taken[i])
+    };
+    let by_id = |id: &DeviceId, taken: &[bool]| {
+        (0..offered.len()).find(|&i| !taken[i] && offered[i].id == *id)
+    };
+    let named: Vec<usize> = match spec {
+        Some(s @ (DeviceSpec::Type(_) | DeviceSpec::Named(_))) => {
+            let n: Vec<usize> = (0..offered.len())
+                .filter(|&i| s.matches(&offered[i].facts()))
+                .collect();
+            if n.len() < used.len() {
+                let what: Vec<String> = offered.iter().map(|o| o.id.to_string()).collect();
+                return Err(format!(
+                    "device spec {s:?} names {} of its devices ({}), and the process uses {}",
+                    n.len(),
+                    what.join(", "),
+                    used.len()
+                ));
+            }
+            n
+        }
+        _ => Vec::new(),
+    };
+    for (k, d) in used.iter().enumerate() {
+        let i = match spec {
+            Some(DeviceSpec::Type(_) | DeviceSpec::Named(_)) => Some(named[k]),
+            Some(DeviceSpec::Home) => by_id(&d.home, &taken).or_else(|| same_place(d, &taken)),
+            None => by_id(&d.now(), &taken).or_else(|| same_place(d, &taken)),
+        };
+        let Some(i) = i else {
+            let want = if matches!(spec, Some(DeviceSpec::Home)) {
+                d.home.clone()
+            } else {
+                d.now()
+            };
+            return Err(format!("device {want} of this process is not offered"));
+        };
+        taken[i] = true;
+        plan.push((d.clone(), i));
+    }
+    for d in devices.iter().flatten() {
+        if used.iter().any(|u| Arc::ptr_eq(u, d)) {
+            continue;
+        }
+        let free = vec![false; offered.len()];
+        let i = by_id(&d.now(), &free)
+            .or_else(|| same_place(d, &free))
+            .or_else(|| named.first().copied())
+            .unwrap_or(0);
+        plan.push((d.clone(), i));
+    }
+    Ok(plan)
+}
+
 fn platform_name(v: cl_platform_id) -> String {
     info_string(v, |d| d.clGetPlatformInfo.map(|f| (f, CL_PLATFORM_NAME))).unwrap_or_default()
 }
@@ -484,67 +674,79 @@ pub fn load() -> ClResult<()> {
                 st.devices.push(Vec::new());
             }
         }
-    } else {
-        // Each of crane's platforms goes to the first new platform of the same
-        // name: the vendor libraries here and the proxy list the same
-        // platforms in the same order, but not necessarily in the same groups.
-        let mut avail: Vec<(String, cl_platform_id)> = loaded
-            .iter()
-            .flatten()
-            .flat_map(|l| l.platforms.iter().map(|&vp| (platform_name(vp), vp)))
-            .collect();
-        let mut chosen = Vec::new();
+    } else if let Err(why) = {
+        let spec = st.spec.take();
+        retarget(&mut st, &loaded, spec.as_ref())
+    } {
+        let why = broken(&loaded).unwrap_or_else(|| format!("on {}: {why}", describe(&target)));
+        warn!("{why}");
+        st.load_error = Some(why);
         for p in &st.platforms {
-            let Some(i) = avail.iter().position(|(n, _)| *n == p.name) else {
-                let offered: Vec<&str> = avail.iter().map(|(n, _)| n.as_str()).collect();
-                let why = broken(&loaded).unwrap_or_else(|| {
-                    format!(
-                        "platform {:?} of this process is not offered by {} (it offers {offered:?})",
-                        p.name,
-                        describe(&target)
-                    )
-                });
-                warn!("{why}");
-                st.load_error = Some(why);
-                close_all(loaded);
-                return Err(CL_DEVICE_NOT_AVAILABLE);
-            };
-            chosen.push(avail.remove(i).1);
+            p.base.take_vendor();
         }
-        for (p, vp) in st.platforms.iter().zip(chosen) {
-            p.base.set_vendor(vp.cast());
-        }
-        // Re-point root devices.
-        for (pi, devs) in st.devices.iter().enumerate() {
-            if devs.is_empty() {
-                continue;
-            }
-            let now = match vendor_devices(st.platforms[pi].base.vendor().cast()) {
-                Ok(v) if v.len() >= devs.len() => v,
-                r => {
-                    let why = broken(&loaded).unwrap_or_else(|| {
-                        format!(
-                            "platform {:?} on {} has fewer devices than this process uses ({}): {r:?}",
-                            st.platforms[pi].name,
-                            describe(&target),
-                            devs.len()
-                        )
-                    });
-                    warn!("{why}");
-                    st.load_error = Some(why);
-                    for p in &st.platforms {
-                        p.base.take_vendor();
-                    }
-                    close_all(loaded);
-                    return Err(CL_DEVICE_NOT_FOUND);
-                }
-            };
-            for (d, &v) in devs.iter().zip(&now) {
-                d.base.set_vendor(v.cast());
-            }
-        }
+        close_all(loaded);
+        return Err(CL_DEVICE_NOT_AVAILABLE);
     }
     st.loaded = loaded;
+    Ok(())
+}
+
+/// Re-points crane's platforms and root devices at the newly loaded vendor
+/// objects (see [`plan_devices`]) and notes which devices moved.
+fn retarget(
+    st: &mut State,
+    loaded: &[Option<Loaded>],
+    spec: Option<&DeviceSpec>,
+) -> Result<(), String> {
+    let offered = offered(loaded);
+    let used = used_of(&st.devices);
+    let plan = plan_devices(&st.devices, &used, &offered, spec)?;
+    // Platforms: that of their first device in use, else the platform of the
+    // same name, else that of their first device, else the first offered.
+    let named_platforms: Vec<(String, cl_platform_id)> = loaded
+        .iter()
+        .flatten()
+        .flat_map(|l| l.platforms.iter().map(|&vp| (platform_name(vp), vp)))
+        .collect();
+    let mut platform_vendor = Vec::with_capacity(st.platforms.len());
+    for (pi, p) in st.platforms.iter().enumerate() {
+        let mine = |d: &Arc<Device>| st.devices[pi].iter().any(|x| Arc::ptr_eq(x, d));
+        let in_use = plan
+            .iter()
+            .find(|(d, _)| mine(d) && used.iter().any(|u| Arc::ptr_eq(u, d)));
+        let vp = in_use
+            .map(|&(_, i)| offered[i].vp)
+            .or_else(|| {
+                named_platforms
+                    .iter()
+                    .find(|(n, _)| *n == p.name)
+                    .map(|&(_, vp)| vp)
+            })
+            .or_else(|| {
+                plan.iter()
+                    .find(|(d, _)| mine(d))
+                    .map(|&(_, i)| offered[i].vp)
+            })
+            .unwrap_or(offered[0].vp);
+        platform_vendor.push(vp);
+    }
+    for (p, vp) in st.platforms.iter().zip(platform_vendor) {
+        p.base.set_vendor(vp.cast());
+    }
+    st.moved.clear();
+    for (d, i) in plan {
+        let o = &offered[i];
+        d.base.set_vendor(o.vd.cast());
+        let mut now = d.now.lock().unwrap_or_else(|e| e.into_inner());
+        if *now != o.id {
+            if used.iter().any(|u| Arc::ptr_eq(u, &d)) {
+                debug!("device {} now runs on {}", *now, o.id);
+            }
+            let from = std::mem::replace(&mut *now, o.id.clone());
+            drop(now);
+            st.moved.push(Moved { device: d, from });
+        }
+    }
     Ok(())
 }
 
@@ -600,16 +802,16 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
             .iter()
             .enumerate()
             .map(|(i, &v)| {
-                let name =
-                    info_string(v.cast(), |d| d.clGetDeviceInfo.map(|f| (f, CL_DEVICE_NAME)))
-                        .unwrap_or_default();
+                let id = device_id(v);
                 let d = Arc::new(Device {
                     base: Base::new(v.cast()),
                     platform: p.clone(),
                     parent: None,
                     index: i,
                     partition: Vec::new(),
-                    name,
+                    home: id.clone(),
+                    now: std::sync::Mutex::new(id),
+                    used: Default::default(),
                 });
                 handle::publish(d.clone());
                 d
@@ -745,4 +947,136 @@ pub fn loaded_paths() -> Vec<PathBuf> {
             Backend::Remote(s) => PathBuf::from(format!("crane-proxy at {}", s.addr)),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crane_control::DeviceType;
+
+    fn platform(name: &str) -> Arc<Platform> {
+        Arc::new(Platform {
+            base: Base::new(std::ptr::null_mut()),
+            vendor_index: 0,
+            index: 0,
+            name: name.into(),
+        })
+    }
+
+    fn id(platform: &str, name: &str) -> DeviceId {
+        DeviceId {
+            platform: platform.into(),
+            name: name.into(),
+            driver: "1".into(),
+        }
+    }
+
+    fn device(p: &Arc<Platform>, index: usize, name: &str, used: bool) -> Arc<Device> {
+        Arc::new(Device {
+            base: Base::new(std::ptr::null_mut()),
+            platform: p.clone(),
+            parent: None,
+            index,
+            partition: Vec::new(),
+            home: id(&p.name, name),
+            now: Mutex::new(id(&p.name, name)),
+            used: AtomicBool::new(used),
+        })
+    }
+
+    fn offer(platform: &str, name: &str, cl_type: cl_device_type) -> Offered {
+        Offered {
+            vp: std::ptr::null_mut(),
+            vd: std::ptr::null_mut(),
+            id: id(platform, name),
+            vendor: "v".into(),
+            cl_type,
+        }
+    }
+
+    /// Where each device goes, as names of offered devices.
+    fn plan(
+        devices: &[Vec<Arc<Device>>],
+        offered: &[Offered],
+        spec: Option<&DeviceSpec>,
+    ) -> Result<Vec<(String, String)>, String> {
+        let used = used_of(devices);
+        Ok(plan_devices(devices, &used, offered, spec)?
+            .into_iter()
+            .map(|(d, i)| (d.home.name.clone(), offered[i].id.name.clone()))
+            .collect())
+    }
+
+    #[test]
+    fn devices_go_where_the_spec_says_and_stay_put_without_one() {
+        let nv = platform("NVIDIA CUDA");
+        let pocl = platform("PoCL");
+        let devices = vec![
+            vec![device(&nv, 0, "H100", true), device(&nv, 1, "H100", false)],
+            vec![device(&pocl, 0, "cpu", false)],
+        ];
+        let all = [
+            offer("NVIDIA CUDA", "H100", CL_DEVICE_TYPE_GPU),
+            offer("NVIDIA CUDA", "H100", CL_DEVICE_TYPE_GPU),
+            offer("PoCL", "cpu", CL_DEVICE_TYPE_CPU),
+        ];
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        // No spec: each where it is (the two H100s keep their order).
+        let p = plan(&devices, &all, None).unwrap();
+        assert_eq!(
+            p,
+            [
+                pair("H100", "H100"),
+                pair("H100", "H100"),
+                pair("cpu", "cpu")
+            ]
+        );
+        // To the CPU: the device in use goes; the others keep answering.
+        let cpu = DeviceSpec::Type(DeviceType::Cpu);
+        let p = plan(&devices, &all, Some(&cpu)).unwrap();
+        assert_eq!(p[0], pair("H100", "cpu"));
+        // Arrived where no GPU is offered: only the CPU; a plain resume
+        // cannot find the GPU, the spec moves it, the unused GPU handle
+        // answers as the CPU.
+        let cpu_only = [offer("PoCL", "cpu", CL_DEVICE_TYPE_CPU)];
+        let err = plan(&devices, &cpu_only, None).unwrap_err();
+        assert!(err.contains("\"H100\" of \"NVIDIA CUDA\""), "{err}");
+        let p = plan(&devices, &cpu_only, Some(&cpu)).unwrap();
+        assert_eq!(
+            p,
+            [pair("H100", "cpu"), pair("H100", "cpu"), pair("cpu", "cpu")]
+        );
+        // A spec naming fewer devices than are in use, or none, is refused.
+        let gpu = DeviceSpec::Type(DeviceType::Gpu);
+        let err = plan(&devices, &cpu_only, Some(&gpu)).unwrap_err();
+        assert!(err.contains("names 0 of its devices"), "{err}");
+        assert!(plan(&devices, &[], None).is_err());
+        // Home: back to the device it started on, once moved away.
+        *devices[0][0].now.lock().unwrap() = id("PoCL", "cpu");
+        let p = plan(&devices, &all, None).unwrap();
+        assert_eq!(p[0], pair("H100", "cpu"), "no spec: it stays where it is");
+        let p = plan(&devices, &all, Some(&DeviceSpec::Home)).unwrap();
+        assert_eq!(p[0], pair("H100", "H100"));
+    }
+
+    #[test]
+    fn devices_in_use_each_get_their_own() {
+        let pocl = platform("PoCL");
+        let devices = vec![vec![
+            device(&pocl, 0, "basic", true),
+            device(&pocl, 1, "pthread", true),
+        ]];
+        let two_gpus = [
+            offer("X", "gpu-a", CL_DEVICE_TYPE_GPU),
+            offer("X", "gpu-b", CL_DEVICE_TYPE_GPU),
+        ];
+        let gpu = DeviceSpec::Type(DeviceType::Gpu);
+        let p = plan(&devices, &two_gpus, Some(&gpu)).unwrap();
+        assert_eq!(p[0].1, "gpu-a");
+        assert_eq!(p[1].1, "gpu-b");
+        let err = plan(&devices, &two_gpus[..1], Some(&gpu)).unwrap_err();
+        assert!(err.contains("the process uses 2"), "{err}");
+    }
 }

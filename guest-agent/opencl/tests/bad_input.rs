@@ -326,7 +326,7 @@ fn suspend_resume(sock: &Path) {
     )
     .unwrap();
     assert!(r.ok, "suspend failed: {:?}", r.error);
-    let r = call(sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+    let r = call(sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
     assert!(r.ok, "resume failed: {:?}", r.error);
 }
 

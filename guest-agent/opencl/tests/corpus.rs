@@ -108,7 +108,7 @@ fn svm_suspend_is_refused_and_app_continues() {
             if !r.ok && r.error.as_deref().is_some_and(|e| e.contains("SVM")) {
                 refused += 1;
             } else if r.ok {
-                call(&sock, &Request::Resume, Duration::from_secs(30)).unwrap();
+                call(&sock, &Request::RESUME, Duration::from_secs(30)).unwrap();
             }
         }
     }
@@ -159,7 +159,7 @@ fn twenty_cycles_leave_nothing() {
                 && res.vendor_threads.is_empty(),
             "cycle {cycle}: left behind {res:?}"
         );
-        let r = call(&sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+        let r = call(&sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
         assert!(r.ok, "cycle {cycle}: resume failed: {:?}", r.error);
     }
     let out = child.wait_with_output().unwrap();

@@ -81,7 +81,7 @@ fn profiling_times_survive_two_cycles() {
             Request::Suspend {
                 deadline_ms: 20_000,
             },
-            Request::Resume,
+            Request::RESUME,
         ] {
             let r = call(&sock, &req, Duration::from_secs(60)).unwrap();
             assert!(r.ok, "{req:?} failed: {:?}", r.error);

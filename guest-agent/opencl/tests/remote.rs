@@ -10,119 +10,15 @@ use std::time::{Duration, Instant};
 use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
-use common::{Rng, apps, built, finishes, library, long_enough, native, result_line, scratch};
-
-/// A crane-proxy process for one test, killed when dropped. Its log (info
-/// level) goes to a file, printed if the test fails.
-struct Proxy {
-    child: Child,
-    addr: String,
-    /// Holds the token file, the log and the unix socket; removed when
-    /// dropped.
-    dir: tempfile::TempDir,
-}
-
-impl Proxy {
-    /// Starts a proxy that accepts the given tokens (token, tenant).
-    fn start(name: &str, tcp: bool, tokens: &[(&str, &str)]) -> Proxy {
-        Self::start_with(name, tcp, tokens, &[])
-    }
-
-    /// The same, with more command-line options (limits, say).
-    fn start_with(name: &str, tcp: bool, tokens: &[(&str, &str)], options: &[&str]) -> Proxy {
-        let dir = scratch(&format!("proxy-{name}"));
-        let tf = dir.path().join("tokens");
-        let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        std::fs::write(&tf, lines.join("\n") + "\n").unwrap();
-        let addr = if tcp {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            format!("tcp://127.0.0.1:{port}")
-        } else {
-            format!("unix:{}", dir.path().join("proxy.sock").display())
-        };
-        let child = Command::new(built("crane-proxy", "crane-proxy"))
-            .args(["--listen", &addr, "--token-file"])
-            .arg(&tf)
-            .args(options)
-            .env("RUST_LOG", "info")
-            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
-            .spawn()
-            .expect("start crane-proxy");
-        let p = Proxy { child, addr, dir };
-        p.wait_ready();
-        p
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
-    }
-
-    /// Waits for a line of the log that contains `what`.
-    fn wait_log(&self, what: &str) -> String {
-        let start = Instant::now();
-        loop {
-            if let Some(l) = self.log().lines().find(|l| l.contains(what)) {
-                return l.to_string();
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "crane-proxy never logged {what:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn wait_ready(&self) {
-        let start = Instant::now();
-        loop {
-            let up = match self.addr.strip_prefix("unix:") {
-                Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
-                None => {
-                    std::net::TcpStream::connect(self.addr.trim_start_matches("tcp://")).is_ok()
-                }
-            };
-            if up {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "crane-proxy did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("crane-proxy's log:\n{}", self.log());
-        }
-    }
-}
-
-fn wait_socket(sock: &std::path::Path) {
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no control socket appeared"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use common::proxy::{Proxy, wait_socket};
+use common::{Rng, apps, finishes, library, long_enough, native, result_line, scratch};
 
 fn remote(proxy: &str, token: &str) -> Request {
     Request::Remote {
         proxy: proxy.into(),
         token: Some(token.into()),
         deadline_ms: 20_000,
+        device: None,
     }
 }
 
@@ -166,10 +62,11 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
             (Mode::Remote, _) => (
                 Request::Local {
                     deadline_ms: 20_000,
+                    device: None,
                 },
                 Mode::Passthrough,
             ),
-            (Mode::Suspended, _) => (Request::Resume, Mode::Remote),
+            (Mode::Suspended, _) => (Request::RESUME, Mode::Remote),
         };
         let r = match call(&sock, &req, Duration::from_secs(60)) {
             Ok(r) => r,
@@ -194,7 +91,7 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
         switches += 1;
     }
     if mode == Mode::Suspended && !waiter.is_finished() {
-        let r = call(&sock, &Request::Resume, Duration::from_secs(60)).unwrap();
+        let r = call(&sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
         assert!(r.ok, "{app}: final resume failed: {:?}", r.error);
     }
     let out = waiter.join().unwrap();
@@ -281,6 +178,7 @@ fn starts_remote_then_goes_local() {
         &sock,
         &Request::Local {
             deadline_ms: 20_000,
+            device: None,
         },
         Duration::from_secs(60),
     )
@@ -453,6 +351,7 @@ impl Held {
         assert_eq!(self.status().mode, Mode::Remote);
         let r = self.ask(&Request::Local {
             deadline_ms: 20_000,
+            device: None,
         });
         assert!(r.ok, "going local failed: {:?}", r.error);
     }

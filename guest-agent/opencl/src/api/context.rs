@@ -40,6 +40,11 @@ fn props_platform(props: &[cl_context_properties]) -> ClResult<Option<Arc<Platfo
 
 /// Creates the vendor context for a crane context (first creation and resume).
 pub fn vendor_create(c: &Context) -> ClResult<*mut c_void> {
+    for d in &c.devices {
+        d.root()
+            .used
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let vprops = vendor_props(&c.props)?;
     let vdevs: Vec<cl_device_id> = c.devices.iter().map(|d| d.base.vendor().cast()).collect();
     let first = *vdevs.first().ok_or(CL_INVALID_VALUE)?;

@@ -1144,6 +1144,7 @@ pub unsafe extern "C" fn clEnqueueNDRangeKernel(
             },
         )?;
         note_launch(kernel);
+        kernel.note_local(dim, local);
         Ok(())
     })
 }

@@ -139,6 +139,7 @@ pub fn wrap(
         arg_kinds: kinds,
         args: UnsafeCell::new(args.unwrap_or_else(|| vec![ArgValue::Unset; n])),
         exec_info: Mutex::new(Vec::new()),
+        max_local: Default::default(),
     }))
 }
 

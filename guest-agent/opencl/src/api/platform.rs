@@ -336,14 +336,15 @@ pub unsafe extern "C" fn clCreateSubDevices(
             return Err(CL_INVALID_VALUE);
         }
         for (i, &v) in vs.iter().enumerate() {
-            let name = parent.name.clone();
             let sub = Arc::new(Device {
                 base: Base::new(v.cast()),
                 platform: parent.platform.clone(),
                 parent: Some(parent.clone()),
                 index: i,
                 partition: props.clone(),
-                name,
+                home: parent.home.clone(),
+                now: std::sync::Mutex::new(parent.now()),
+                used: Default::default(),
             });
             // SAFETY: room for n >= vs.len() devices.
             unsafe { out.add(i).write(publish(sub)) };

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use crane_control::{Request, call, socket_path};
 
+pub mod proxy;
+
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -351,7 +353,7 @@ pub fn interrupted(app: &str, iters: &str, seed: u64, max_cycles: usize, mode: &
         std::thread::sleep(Duration::from_millis(rng.below(20)));
         // A process whose remaining work needs no OpenCL may finish while
         // suspended; otherwise resume must answer and succeed.
-        let r = match call(&sock, &Request::Resume, Duration::from_secs(60)) {
+        let r = match call(&sock, &Request::RESUME, Duration::from_secs(60)) {
             Ok(r) => r,
             Err(e) => {
                 assert!(finishes(&waiter), "{app}: resume not answered: {e}");

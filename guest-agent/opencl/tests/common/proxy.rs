@@ -1,0 +1,126 @@
+//! A real crane-proxy process for a test, and waiting for an application's
+//! control socket.
+
+use std::net::TcpListener;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use super::{built, scratch};
+
+/// A crane-proxy process for one test, killed when dropped. Its log (info
+/// level) goes to a file, printed if the test fails.
+pub struct Proxy {
+    pub child: Child,
+    pub addr: String,
+    /// Holds the token file, the log and the unix socket; removed when
+    /// dropped.
+    dir: tempfile::TempDir,
+}
+
+impl Proxy {
+    /// Starts a proxy that accepts the given tokens (token, tenant).
+    pub fn start(name: &str, tcp: bool, tokens: &[(&str, &str)]) -> Proxy {
+        Self::start_with(name, tcp, tokens, &[])
+    }
+
+    /// The same, with more command-line options (limits, say).
+    pub fn start_with(name: &str, tcp: bool, tokens: &[(&str, &str)], options: &[&str]) -> Proxy {
+        Self::start_env(name, tcp, tokens, options, &[])
+    }
+
+    /// The same, with more environment (the proxy's vendor settings, say).
+    pub fn start_env(
+        name: &str,
+        tcp: bool,
+        tokens: &[(&str, &str)],
+        options: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proxy {
+        let dir = scratch(&format!("proxy-{name}"));
+        let tf = dir.path().join("tokens");
+        let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        std::fs::write(&tf, lines.join("\n") + "\n").unwrap();
+        let addr = if tcp {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            format!("tcp://127.0.0.1:{port}")
+        } else {
+            format!("unix:{}", dir.path().join("proxy.sock").display())
+        };
+        let child = Command::new(built("crane-proxy", "crane-proxy"))
+            .args(["--listen", &addr, "--token-file"])
+            .arg(&tf)
+            .args(options)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .spawn()
+            .expect("start crane-proxy");
+        let p = Proxy { child, addr, dir };
+        p.wait_ready();
+        p
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// Waits for a line of the log that contains `what`.
+    pub fn wait_log(&self, what: &str) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(l) = self.log().lines().find(|l| l.contains(what)) {
+                return l.to_string();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "crane-proxy never logged {what:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_ready(&self) {
+        let start = Instant::now();
+        loop {
+            let up = match self.addr.strip_prefix("unix:") {
+                Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+                None => {
+                    std::net::TcpStream::connect(self.addr.trim_start_matches("tcp://")).is_ok()
+                }
+            };
+            if up {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "crane-proxy did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("crane-proxy's log:\n{}", self.log());
+        }
+    }
+}
+
+pub fn wait_socket(sock: &std::path::Path) {
+    let start = Instant::now();
+    while !sock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no control socket appeared"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,228 @@
+//! Integration tier for moves onto other devices (issue 16): the corpus under
+//! libcrane_opencl.so, moved mid-run between PoCL's two CPU devices (`basic`
+//! and `pthread`, both offered with `POCL_DEVICES`), keeps its handles and
+//! prints exactly what a native run prints; a move the new device cannot take
+//! is refused with the reason, and the program carries on where it was.
+//!
+//! The two devices are different OpenCL devices (names, compute units, the
+//! driver that runs kernels) compiled for by the same compiler; the moves
+//! between NVIDIA's GPU and PoCL's CPU are shown on the accelerator machine
+//! (docs/benchmarks.md).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crane_control::{Mode, Request, Response, call, socket_path};
+
+mod common;
+use common::proxy::{Proxy, wait_socket};
+use common::{Rng, apps, finishes, library, long_enough, native, result_line, scratch};
+
+/// Both of PoCL's CPU drivers, so that a process has two devices to move between.
+const BOTH: (&str, &str) = ("POCL_DEVICES", "basic pthread");
+
+fn local_on(device: &str) -> Request {
+    Request::Local {
+        deadline_ms: 20_000,
+        device: Some(device.into()),
+    }
+}
+
+fn start(app: &str, iters: &str, run_dir: &std::path::Path) -> Child {
+    Command::new(apps().join(app))
+        .args(["--iters", iters])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", run_dir)
+        .env(BOTH.0, BOTH.1)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn status(sock: &std::path::Path) -> crane_control::AppStatus {
+    call(sock, &Request::Status, Duration::from_secs(30))
+        .unwrap()
+        .status
+        .unwrap()
+}
+
+/// Runs `app` under crane and moves it between the two devices at random
+/// moments until it exits; its result line and how many moves it made.
+fn moving(app: &str, iters: &str, seed: u64) -> (String, usize) {
+    let dir = scratch(&format!("devices-{app}-{seed:x}"));
+    let child = start(app, iters, dir.path());
+    let sock = socket_path(dir.path(), child.id());
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut rng = Rng(seed | 1);
+    let mut moves = 0;
+    let started = Instant::now();
+    while !waiter.is_finished() && moves < 12 && started.elapsed() < Duration::from_secs(150) {
+        std::thread::sleep(Duration::from_millis(20 + rng.below(100)));
+        if !sock.exists() {
+            continue;
+        }
+        let to = ["pthread", "basic"][moves % 2];
+        let r = match call(&sock, &local_on(to), Duration::from_secs(60)) {
+            Ok(r) => r,
+            Err(e) => {
+                assert!(finishes(&waiter), "{app}: move to {to} not answered: {e}");
+                break;
+            }
+        };
+        if !r.ok {
+            if r.error
+                .as_deref()
+                .is_some_and(|e| e.starts_with("nothing to move"))
+            {
+                continue;
+            }
+            assert!(
+                finishes(&waiter),
+                "{app}: move to {to} failed: {:?}",
+                r.error
+            );
+            break;
+        }
+        // Where it runs now, as the process reports it (it may have ended
+        // meanwhile).
+        if let Ok(Response {
+            status: Some(st), ..
+        }) = call(&sock, &Request::Status, Duration::from_secs(30))
+        {
+            assert_eq!(st.mode, Mode::Passthrough);
+            assert!(
+                st.devices.iter().all(|d| d.contains(to)),
+                "{app}: after a move to {to} it reports {:?}",
+                st.devices
+            );
+        }
+        moves += 1;
+    }
+    let out = waiter.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{app} failed under crane: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (result_line(&out.stdout), moves)
+}
+
+fn check(app: &str, iters: &str) {
+    let (iters, n) = long_enough(app, iters, 3, |iters| {
+        moving(app, iters, 0x9e3779b97f4a7c15)
+    });
+    eprintln!("{app}: {n} moves between devices at --iters {iters}, result identical to native");
+}
+
+macro_rules! device_test {
+    ($name:ident, $iters:expr) => {
+        #[test]
+        fn $name() {
+            check(stringify!($name), $iters);
+        }
+    };
+}
+
+// Integer kernels (exact arithmetic): bit-identical on every device.
+device_test!(pingpong, "6000");
+device_test!(subbuffers, "3000");
+device_test!(localmem, "3000");
+device_test!(images, "2000");
+device_test!(maps, "3000");
+device_test!(multictx, "2000");
+// Not `events`: it hangs natively on PoCL 3.1's `basic` device (its user-event
+// waits never complete there). Not `programs`: it makes programs from
+// binaries, which are for the device they were built for; a move while one
+// lives is refused (CL_INVALID_BINARY, with the reason) and the process stays
+// where it was.
+
+/// A device spec that names no device is refused before anything stops, and
+/// the program carries on where it was.
+#[test]
+fn a_spec_naming_no_device_is_refused() {
+    let dir = scratch("devices-nomatch");
+    let child = start("pingpong", "6000", dir.path());
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    let started = Instant::now();
+    while status(&sock).objects.contexts == 0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no context");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let r = call(&sock, &local_on("no such device"), Duration::from_secs(60)).unwrap();
+    assert!(!r.ok);
+    let err = r.error.unwrap();
+    assert!(err.contains("names 0 of its devices"), "{err}");
+    assert!(err.ends_with("it carries on where it was"), "{err}");
+    assert_eq!(status(&sock).mode, Mode::Passthrough);
+    let r = call(
+        &sock,
+        &Request::Local {
+            deadline_ms: 1000,
+            device: Some(String::new()),
+        },
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert!(r.error.unwrap().starts_with("bad device spec"));
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), native("pingpong", "6000"));
+}
+
+/// localmem launches work-groups of up to 256 work-items. A crane-proxy whose
+/// PoCL runs at most 64 (`POCL_MAX_WORK_GROUP_SIZE`) cannot run them: the
+/// move there is refused once its kernels exist there, with the kernel and
+/// the sizes in the reason, and the program carries on locally to the native
+/// result. The same proxy takes pingpong, which leaves the work-group size to
+/// the vendor.
+#[test]
+fn a_move_to_a_device_that_cannot_run_a_launch_is_refused() {
+    let small = Proxy::start_env(
+        "small-wg",
+        false,
+        &[("k", "t")],
+        &[],
+        &[("POCL_MAX_WORK_GROUP_SIZE", "64")],
+    );
+    let want = native("localmem", "3000");
+    let dir = scratch("devices-wg");
+    let child = start("localmem", "3000", dir.path());
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    // Until it has launched its kernels with its largest work-groups.
+    let started = Instant::now();
+    while status(&sock).objects.kernels < 3 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let r = call(
+        &sock,
+        &Request::Remote {
+            proxy: small.addr.clone(),
+            token: Some("k".into()),
+            deadline_ms: 20_000,
+            device: Some("cpu".into()),
+        },
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert!(
+        !r.ok,
+        "the move to a proxy with work-groups of 64 succeeded"
+    );
+    let err = r.error.unwrap();
+    assert!(err.contains("was refused"), "{err}");
+    assert!(err.contains("work-items per group"), "{err}");
+    assert!(err.ends_with("it carries on locally"), "{err}");
+    assert_eq!(status(&sock).mode, Mode::Passthrough);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
