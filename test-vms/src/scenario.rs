@@ -1491,7 +1491,7 @@ pub fn agent_by_hand(s: &Session, pid: u32) -> anyhow::Result<String> {
         "xl pci-detach left the GPU attached"
     );
     s.dom0(0, &format!("xl pci-attach {GUEST} {GUEST_STANDIN_BDF}"))?;
-    let resumed = post(&request(seq + 1, Op::PrepareResume), seq + 1)?;
+    let resumed = post(&request(seq + 1, Op::RESUME), seq + 1)?;
     ensure!(
         field(&resumed, "outcome") == Some("resumed"),
         "prepare-resume by hand: {resumed}"
@@ -1632,7 +1632,7 @@ pub fn agent_stopped_refuses(s: &Session, pid: u32) -> anyhow::Result<String> {
     let request = Request::parse(raw.trim())
         .map_err(|e| anyhow::anyhow!("the guest's request {raw:?}: {e}"))?;
     ensure!(
-        request.op == Op::PrepareResume,
+        request.op == Op::RESUME,
         "the withdrawn request was not superseded: {raw}"
     );
     let answer = s

@@ -239,6 +239,10 @@ fn arrive(settings: &Settings, args: &[String]) -> i32 {
             },
         ) {
             Ok(r) if r.managed == Some(false) => {}
+            Ok(r) if r.ok && r.on_cpu == Some(true) => rep.line(&format!(
+                "{} arrived; no GPU free, its programs run on its CPU until one frees",
+                d.name
+            )),
             Ok(r) if r.ok && r.waiting == Some(true) => rep.line(&format!(
                 "{} arrived; no GPU free, it waits on the proxy",
                 d.name

@@ -193,6 +193,10 @@ pub struct Done {
     /// receive: the guest stays on the proxy until a GPU frees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<bool>,
+    /// receive: while it waits, its processes run on its own CPU
+    /// (`no_free_gpu = "cpu"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_cpu: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domains: Option<Vec<Domain>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -36,6 +36,10 @@ pub enum NoFreeGpu {
     /// Refuse the incoming migration before it starts (the xl wrapper asks
     /// before running `xl migrate-receive`), so the guest stays at the source.
     Refuse,
+    /// Accept the guest; its processes carry on on the guest's own CPU
+    /// OpenCL device (the agent loads no GPU driver) and move back onto a GPU
+    /// as soon as craned can attach one.
+    Cpu,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -31,6 +31,9 @@ pub enum Phase {
     Receiving,
     /// Destination: no GPU free; the guest waits on the proxy (or parked).
     WaitingGpu,
+    /// Destination: no GPU free; the guest's processes run on its CPU
+    /// (`no_free_gpu = "cpu"`) until one frees.
+    OnCpu,
     /// Destination: attaching the chosen GPU.
     Attaching,
     /// Destination (or a rollback): prepare-resume posted.
@@ -46,6 +49,7 @@ impl Phase {
             Phase::RollingBack => "rolling-back",
             Phase::Receiving => "receiving",
             Phase::WaitingGpu => "waiting-gpu",
+            Phase::OnCpu => "on-cpu",
             Phase::Attaching => "attaching",
             Phase::Resuming => "resuming",
         }
@@ -59,6 +63,7 @@ impl Phase {
             "rolling-back" => Phase::RollingBack,
             "receiving" => Phase::Receiving,
             "waiting-gpu" => Phase::WaitingGpu,
+            "on-cpu" => Phase::OnCpu,
             "attaching" => Phase::Attaching,
             "resuming" => Phase::Resuming,
             _ => return Err(bad("phase", s, "unknown phase")),
@@ -99,6 +104,9 @@ pub struct Entry {
     /// The process that asked (the xl wrapper), while xl runs.
     pub owner: Option<u32>,
     pub started_ms: u64,
+    /// Destination: the guest's processes were moved to its CPU for want of
+    /// a GPU; the resume that gives it one moves them back home.
+    pub on_cpu: bool,
 }
 
 pub fn now_ms() -> u64 {
@@ -118,6 +126,7 @@ impl Entry {
             seq: 0,
             owner: None,
             started_ms: now_ms(),
+            on_cpu: false,
         }
     }
 
@@ -140,6 +149,9 @@ impl Entry {
             f.push("owner", o.to_string());
         }
         f.push("started-ms", self.started_ms.to_string());
+        if self.on_cpu {
+            f.push("on-cpu", "1");
+        }
         f.format()
     }
 
@@ -169,6 +181,11 @@ impl Entry {
             .map(|o| u32::try_from(o).map_err(|_| bad("owner", "", "out of range")))
             .transpose()?;
         let started_ms = f.required_u64("started-ms")?;
+        let on_cpu = match f.take("on-cpu").as_deref() {
+            None => false,
+            Some("1") => true,
+            Some(other) => return Err(bad("on-cpu", other, "want 1")),
+        };
         f.finish()?;
         Ok(Entry {
             phase,
@@ -179,6 +196,7 @@ impl Entry {
             seq,
             owner,
             started_ms,
+            on_cpu,
         })
     }
 }

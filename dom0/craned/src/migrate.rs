@@ -27,7 +27,9 @@ use std::time::Duration;
 
 use crane_libxl::{LibxlError, PciAddr, Xl};
 use crane_xs::dom0::{Dom0Error, GuestChannel};
-use crane_xs::message::{AppOutcome, AppResult, GuestState, MigrateMode, Op, Outcome, Response};
+use crane_xs::message::{
+    AppOutcome, AppResult, GuestState, MigrateMode, Op, Outcome, Response, ResumeTarget,
+};
 use crane_xs::{XenStore, XsError};
 use craned_control::Mode;
 
@@ -132,6 +134,10 @@ pub enum Attached {
     /// No GPU free: the guest stays on the proxy (or parked) and the
     /// supervision loop attaches one when it frees.
     Waiting,
+    /// No GPU free: the guest's processes run on its own CPU OpenCL device
+    /// (`no_free_gpu = "cpu"`); the supervision loop attaches a GPU when one
+    /// frees and moves them back.
+    OnCpu,
 }
 
 /// What [`Migration::recover`] did with one journal entry.
@@ -221,6 +227,10 @@ pub(crate) fn rollback_text(r: Result<Attached, MigrateError>) -> String {
         Ok(Attached::Resumed(_)) => "rolled back: the guest kept its GPU".to_string(),
         Ok(Attached::Waiting) => {
             "rolled back, but no GPU is free: the guest waits for one".to_string()
+        }
+        Ok(Attached::OnCpu) => {
+            "rolled back, but no GPU is free: its programs run on its CPU until one frees"
+                .to_string()
         }
         // The GPUs are attached again before prepare-resume is posted.
         Err(MigrateError::NotTaken {
@@ -580,7 +590,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
     fn withdraw(&mut self, guest: &str, entry: &mut Entry) -> String {
         let posted = self
             .channel(entry.domid)
-            .post(Op::PrepareResume, Some(self.cfg.resume_deadline_ms));
+            .post(Op::RESUME, Some(self.cfg.resume_deadline_ms));
         if let Err(e) = journal::remove(self.store, guest) {
             log::warn!("{guest}: cannot remove the journal entry: {e}");
         }
@@ -641,11 +651,8 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
             match self.attach_one(guest, domid, gpu, true)? {
                 Some(g) => gpus.push(g),
                 None => {
-                    if self.cfg.no_free_gpu == NoFreeGpu::Wait {
-                        entry.phase = Phase::WaitingGpu;
-                        entry.gpus.clear();
-                        journal::save(self.store, guest, entry)?;
-                        return Ok(Attached::Waiting);
+                    if self.cfg.no_free_gpu != NoFreeGpu::Refuse {
+                        return self.without_gpu(guest, domid, entry);
                     }
                     journal::remove(self.store, guest)?;
                     return Err(MigrateError::NoFreeGpu(guest.to_string()));
@@ -653,9 +660,10 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
             }
         }
         entry.gpus = gpus.clone();
+        let target = Self::back_on_gpu(entry);
         entry.phase = Phase::Resuming;
         journal::save(self.store, guest, entry)?;
-        let result = self.resume(guest, domid, entry);
+        let result = self.resume(guest, domid, entry, target);
         journal::remove(self.store, guest)?;
         result.map(|()| Attached::Resumed(gpus.first().copied()))
     }
@@ -698,30 +706,104 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
         Ok(Some(gpu))
     }
 
+    /// What a guest that gets a GPU asks its processes: back where they
+    /// were, or (they ran on the CPU meanwhile) back onto the devices they
+    /// started on.
+    fn back_on_gpu(entry: &Entry) -> ResumeTarget {
+        if entry.on_cpu {
+            ResumeTarget {
+                device: Some("home".into()),
+                no_gpu: false,
+            }
+        } else {
+            ResumeTarget::default()
+        }
+    }
+
+    /// No GPU for the guest now: it waits for one on the proxy (`wait`), or
+    /// its processes go to its own CPU until one frees (`cpu`). The journal
+    /// keeps it either way, for the supervision loop.
+    fn without_gpu(
+        &mut self,
+        guest: &str,
+        domid: u32,
+        entry: &mut Entry,
+    ) -> Result<Attached, MigrateError> {
+        if self.cfg.no_free_gpu == NoFreeGpu::Cpu {
+            // Tried once: from then on the resume that brings a GPU sends
+            // every process home, also those that could not go to the CPU
+            // (they wait parked, or on the proxy, as with `wait`).
+            if !entry.on_cpu {
+                entry.on_cpu = true;
+                log::info!("{guest}: no GPU free; its programs go to its CPU until one frees");
+                let target = ResumeTarget {
+                    device: Some("cpu".into()),
+                    no_gpu: true,
+                };
+                entry.phase = match self.resume(guest, domid, entry, target) {
+                    Ok(()) => Phase::OnCpu,
+                    Err(e) => {
+                        log::warn!(
+                            "{guest}: not every program could go to its CPU ({e}); those wait for a GPU"
+                        );
+                        Phase::WaitingGpu
+                    }
+                };
+                entry.gpus.clear();
+                journal::save(self.store, guest, entry)?;
+            }
+            return Ok(if entry.phase == Phase::OnCpu {
+                Attached::OnCpu
+            } else {
+                Attached::Waiting
+            });
+        }
+        if entry.phase != Phase::WaitingGpu {
+            log::info!("{guest}: no GPU free; it waits on the proxy until one frees");
+        }
+        entry.phase = Phase::WaitingGpu;
+        entry.gpus.clear();
+        journal::save(self.store, guest, entry)?;
+        Ok(Attached::Waiting)
+    }
+
     /// prepare-resume unless the agent is already in passthrough with no
-    /// request pending. A request the agent has not finished (or not even
-    /// taken: a stopped agent) is superseded by prepare-resume, so that an
-    /// agent that wakes up later finds that instead of a move nobody runs.
-    fn resume(&mut self, guest: &str, domid: u32, entry: &mut Entry) -> Result<(), MigrateError> {
+    /// request pending and `target` moves nothing. A request the agent has
+    /// not finished (or not even taken: a stopped agent) is superseded by
+    /// prepare-resume, so that an agent that wakes up later finds that
+    /// instead of a move nobody runs.
+    fn resume(
+        &mut self,
+        guest: &str,
+        domid: u32,
+        entry: &mut Entry,
+        target: ResumeTarget,
+    ) -> Result<(), MigrateError> {
         self.wait_agent(guest, domid)?;
         let chan = self.channel(domid);
-        if let Some(s) = chan.agent_state()?
+        if target == ResumeTarget::default()
+            && let Some(s) = chan.agent_state()?
             && s.state == GuestState::Passthrough
             && !chan.outstanding()?
         {
             return Ok(());
         }
-        self.step("prepare-resume", None);
+        self.step("prepare-resume", target.device.clone());
+        let on_cpu = target.no_gpu;
         let r = self.ask(
             guest,
             domid,
             entry,
-            Op::PrepareResume,
+            Op::PrepareResume(target),
             self.cfg.resume_deadline_ms,
         )?;
         match r.outcome {
             Outcome::Resumed => {
-                log::info!("{guest}: resumed on its GPU in {:.0} ms", r.ms);
+                if on_cpu {
+                    log::info!("{guest}: resumed on its CPU in {:.0} ms", r.ms);
+                } else {
+                    log::info!("{guest}: resumed on its GPU in {:.0} ms", r.ms);
+                }
                 Ok(())
             }
             _ => Err(Self::agent_failed(guest, "prepare-resume", &r)),
@@ -779,7 +861,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
         journal::save(self.store, &name, &entry)?;
         let result = self.receive_entry(&name, domid, &mut entry);
         match &result {
-            Ok(Attached::Waiting) => {}
+            Ok(Attached::Waiting | Attached::OnCpu) => {}
             _ => journal::remove(self.store, &name)?,
         }
         result
@@ -806,13 +888,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
                 if self.cfg.no_free_gpu == NoFreeGpu::Refuse {
                     return Err(MigrateError::NoFreeGpu(guest.to_string()));
                 }
-                if entry.phase != Phase::WaitingGpu {
-                    log::info!("{guest}: no GPU free; it waits on the proxy until one frees");
-                }
-                entry.phase = Phase::WaitingGpu;
-                entry.gpus.clear();
-                journal::save(self.store, guest, entry)?;
-                return Ok(Attached::Waiting);
+                return self.without_gpu(guest, domid, entry);
             };
             entry.phase = Phase::Attaching;
             entry.gpus = vec![gpu];
@@ -823,9 +899,10 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
             }
         };
         entry.gpus = vec![gpu];
+        let target = Self::back_on_gpu(entry);
         entry.phase = Phase::Resuming;
         journal::save(self.store, guest, entry)?;
-        self.resume(guest, domid, entry)?;
+        self.resume(guest, domid, entry, target)?;
         Ok(Attached::Resumed(Some(gpu)))
     }
 
@@ -864,8 +941,12 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
                     );
                     Recovered::RolledBack(self.roll_back_entry(&guest, &mut entry))
                 }
-                Phase::Receiving | Phase::WaitingGpu | Phase::Attaching | Phase::Resuming => {
-                    if entry.phase != Phase::WaitingGpu {
+                Phase::Receiving
+                | Phase::WaitingGpu
+                | Phase::OnCpu
+                | Phase::Attaching
+                | Phase::Resuming => {
+                    if !matches!(entry.phase, Phase::WaitingGpu | Phase::OnCpu) {
                         log::warn!(
                             "{guest}: receive left in phase {}; carrying it on",
                             entry.phase.as_str()
@@ -1329,6 +1410,65 @@ mod tests {
         );
         assert_eq!(w.xl.gpus_of(9), [gpu(GPU_A)]);
         assert_eq!(agent.ops(), ["prepare-resume"]);
+        assert!(w.journal("g1").is_none());
+    }
+
+    /// `no_free_gpu = "cpu"`: the arriving guest's processes go to its CPU
+    /// (prepare-resume device=cpu gpu=none, no GPU attached); the journal
+    /// keeps it, across a craned restart too; once a GPU frees, it is
+    /// attached and the processes go home (device=home).
+    #[test]
+    fn no_free_gpu_runs_on_the_cpu_until_one_frees() {
+        let mut cfg = config();
+        cfg.gpus.pool = vec![gpu(GPU_A)];
+        cfg.no_free_gpu = NoFreeGpu::Cpu;
+        let mut w = World::new(cfg);
+        let _holder = w.guest("g2", 2, &[GPU_A], GuestState::Passthrough);
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        w.run(|m| m.check_receive()).unwrap();
+        assert_eq!(w.run(|m| m.receive("g1")).unwrap(), Attached::OnCpu);
+        let e = w.journal("g1").unwrap();
+        assert_eq!((e.phase, e.on_cpu), (Phase::OnCpu, true));
+        assert!(w.xl.gpus_of(9).is_empty());
+        let targets = |agent: &FakeAgent| -> Vec<ResumeTarget> {
+            agent
+                .seen()
+                .iter()
+                .filter_map(|r| match &r.op {
+                    Op::PrepareResume(t) => Some(t.clone()),
+                    Op::PrepareMigrate(_) => None,
+                })
+                .collect()
+        };
+        let cpu = ResumeTarget {
+            device: Some("cpu".into()),
+            no_gpu: true,
+        };
+        assert_eq!(targets(&agent), [cpu.clone()]);
+        // Still none on the next tick: nothing more is asked of the guest.
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(out[..], [(_, Recovered::Received(Ok(Attached::OnCpu)))]),
+            "{out:?}"
+        );
+        assert_eq!(targets(&agent).len(), 1);
+        // g2 goes away; the next tick gives its GPU to g1 and its processes
+        // go back to the devices they started on.
+        w.xl.remove_domain(2);
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(
+                &out[..],
+                [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
+            ),
+            "{out:?}"
+        );
+        assert_eq!(w.xl.gpus_of(9), [gpu(GPU_A)]);
+        let home = ResumeTarget {
+            device: Some("home".into()),
+            no_gpu: false,
+        };
+        assert_eq!(targets(&agent), [cpu, home]);
         assert!(w.journal("g1").is_none());
     }
 

@@ -211,7 +211,9 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         let answers = m.answers;
         for (guest, r) in recovered {
             let what = match r {
-                Recovered::Left | Recovered::Received(Ok(Attached::Waiting)) => continue,
+                Recovered::Left | Recovered::Received(Ok(Attached::Waiting | Attached::OnCpu)) => {
+                    continue;
+                }
                 Recovered::Departed => "left this host".to_string(),
                 Recovered::RolledBack(Ok(_)) => "rolled back after an interruption".to_string(),
                 Recovered::Received(Ok(_)) => {
@@ -357,6 +359,14 @@ fn attached(a: Attached) -> (Done, String) {
                 ..Done::ok()
             },
             "waiting for a free GPU (processes stay on the proxy)".into(),
+        ),
+        Attached::OnCpu => (
+            Done {
+                waiting: Some(true),
+                on_cpu: Some(true),
+                ..Done::ok()
+            },
+            "waiting for a free GPU (processes run on the guest's CPU)".into(),
         ),
     }
 }

@@ -275,7 +275,7 @@ impl FakeAgent {
                         (Op::PrepareMigrate(_), Outcome::ReadyForDetach) => {
                             Some(AppOutcome::Suspended)
                         }
-                        (Op::PrepareResume, Outcome::Resumed) => Some(AppOutcome::Passthrough),
+                        (Op::PrepareResume(_), Outcome::Resumed) => Some(AppOutcome::Passthrough),
                         _ => None,
                     };
                     let apps: Vec<AppResult> = app
@@ -317,7 +317,7 @@ impl FakeAgent {
                     (Op::PrepareMigrate(_), OnMigrate::Fail) => {
                         answer(Outcome::Failed, &state, Some(Rollback::Complete));
                     }
-                    (Op::PrepareResume, _) => {
+                    (Op::PrepareResume(_), _) => {
                         state.state = GuestState::Passthrough;
                         answer(Outcome::Resumed, &state, None);
                     }

@@ -146,6 +146,8 @@ pub(crate) mod fake {
     pub struct FakeApp {
         pub pid: u32,
         pub mode: Arc<Mutex<Mode>>,
+        /// The device specs of the requests that carried one, in order.
+        pub devices: Arc<Mutex<Vec<String>>>,
     }
 
     /// Serves `<run_dir>/apps/<pid>.sock` on a thread until the test ends.
@@ -156,6 +158,8 @@ pub(crate) mod fake {
         let l = UnixListener::bind(&path).unwrap();
         let mode = Arc::new(Mutex::new(Mode::Passthrough));
         let m = mode.clone();
+        let devices = Arc::new(Mutex::new(Vec::new()));
+        let devs = devices.clone();
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
                 let mut line = String::new();
@@ -165,6 +169,13 @@ pub(crate) mod fake {
                 let Ok(req) = serde_json::from_str::<Request>(&line) else {
                     continue;
                 };
+                if let Request::Resume { device: Some(d) }
+                | Request::Local {
+                    device: Some(d), ..
+                } = &req
+                {
+                    devs.lock().unwrap().push(d.clone());
+                }
                 let mut mode = m.lock().unwrap();
                 let resp = match (&req, behaviour) {
                     (Request::Status, _) => Response {
@@ -214,6 +225,13 @@ pub(crate) mod fake {
                         *mode = Mode::Passthrough;
                         ok()
                     }
+                    // A move onto other devices from passthrough.
+                    (
+                        Request::Local {
+                            device: Some(_), ..
+                        },
+                        _,
+                    ) if *mode == Mode::Passthrough => ok(),
                     _ => Response::error(format!("not allowed in mode {:?}", *mode)),
                 };
                 let mut out = serde_json::to_vec(&resp).unwrap();
@@ -221,7 +239,7 @@ pub(crate) mod fake {
                 let _ = (&s).write_all(&out);
             }
         });
-        FakeApp { pid, mode }
+        FakeApp { pid, mode, devices }
     }
 
     fn ok() -> Response {

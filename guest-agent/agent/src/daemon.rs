@@ -130,7 +130,7 @@ mod tests {
     use crane_xs::layout::{REQUEST, absolute};
     use crane_xs::mem::{MemConn, MemStore};
     use crane_xs::message::{
-        AppOutcome, DetachKind, GuestState, MigrateMode, Op, Outcome, Rollback,
+        AppOutcome, DetachKind, GuestState, MigrateMode, Op, Outcome, ResumeTarget, Rollback,
     };
     use crane_xs::{Access, Perm, XsData, XsPerms};
 
@@ -336,7 +336,7 @@ mod tests {
         d.step().unwrap();
         assert_eq!(ch.response().unwrap().unwrap(), resp);
 
-        let req = ch.post(Op::PrepareResume, None).unwrap();
+        let req = ch.post(Op::RESUME, None).unwrap();
         d.step().unwrap();
         let resp = ch.response().unwrap().unwrap();
         assert_eq!(
@@ -364,6 +364,64 @@ mod tests {
             ch.agent_state().unwrap().unwrap().state,
             GuestState::Passthrough
         );
+    }
+
+    /// craned's `no_free_gpu = "cpu"`: prepare-resume with `gpu=none` loads no
+    /// driver and waits for no device; the processes go to the devices the
+    /// spec names (from remote, and from passthrough). A later prepare-resume
+    /// with a GPU loads the driver and sends them home.
+    #[test]
+    fn a_resume_without_a_gpu_loads_no_driver_and_moves_the_processes() {
+        let mut r = rig("nogpu");
+        let a = r.app(Behaviour::Obedient);
+        let mut d = r.daemon(r.modules.clone(), true);
+        let ch = r.ch();
+        ch.post(remote(), None).unwrap();
+        d.step().unwrap();
+        assert_eq!(r.mode(a), Mode::Remote);
+        assert!(r.modules.loaded.lock().unwrap().is_empty());
+        let devices = |r: &Rig| r.apps[0].devices.lock().unwrap().clone();
+        ch.post(
+            Op::PrepareResume(ResumeTarget {
+                device: Some("cpu".into()),
+                no_gpu: true,
+            }),
+            None,
+        )
+        .unwrap();
+        d.step().unwrap();
+        let resp = ch.response().unwrap().unwrap();
+        assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
+        assert!(resp.phase("modules").is_none() && resp.phase("device").is_none());
+        assert!(
+            r.modules.loaded.lock().unwrap().is_empty(),
+            "no driver loaded"
+        );
+        assert_eq!(r.mode(a), Mode::Passthrough);
+        assert_eq!(devices(&r), ["cpu"]);
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+        // A GPU is attached: the driver comes back, the process goes home.
+        ch.post(
+            Op::PrepareResume(ResumeTarget {
+                device: Some("home".into()),
+                no_gpu: false,
+            }),
+            None,
+        )
+        .unwrap();
+        d.step().unwrap();
+        let resp = ch.response().unwrap().unwrap();
+        assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
+        assert_eq!(r.modules.loaded.lock().unwrap().len(), 4);
+        assert_eq!(devices(&r), ["cpu", "home"]);
+        // A plain resume of a process in passthrough asks it nothing.
+        ch.post(Op::RESUME, None).unwrap();
+        d.step().unwrap();
+        assert_eq!(ch.response().unwrap().unwrap().outcome, Outcome::Resumed);
+        assert_eq!(devices(&r), ["cpu", "home"]);
     }
 
     #[test]
@@ -395,7 +453,7 @@ mod tests {
         let resp = ch.response().unwrap().unwrap();
         assert_eq!(resp.outcome, Outcome::Rejected);
         assert!(resp.error.unwrap().contains("prepare-resume first"));
-        ch.post(Op::PrepareResume, None).unwrap();
+        ch.post(Op::RESUME, None).unwrap();
         d.step().unwrap();
         assert_eq!(ch.response().unwrap().unwrap().outcome, Outcome::Resumed);
         assert_eq!(r.mode(a), Mode::Passthrough);
@@ -568,7 +626,7 @@ mod tests {
         ch.post(Op::PrepareMigrate(MigrateMode::StopAndCopy), None)
             .unwrap();
         d.step().unwrap();
-        ch.post(Op::PrepareResume, None).unwrap();
+        ch.post(Op::RESUME, None).unwrap();
         d.step().unwrap();
         let resp = ch.response().unwrap().unwrap();
         assert_eq!(resp.outcome, Outcome::Failed);
@@ -615,7 +673,7 @@ mod tests {
             .post(Op::PrepareMigrate(MigrateMode::StopAndCopy), None)
             .unwrap();
         d.step().unwrap();
-        ch.post(Op::PrepareResume, None).unwrap();
+        ch.post(Op::RESUME, None).unwrap();
         d.step().unwrap();
         // An old request replayed.
         r.dom0
@@ -727,7 +785,7 @@ mod tests {
             GuestState::Detached(DetachKind::StopAndCopy)
         );
         assert_eq!(ch.next_seq().unwrap(), 2);
-        ch.post(Op::PrepareResume, None).unwrap();
+        ch.post(Op::RESUME, None).unwrap();
         d.step().unwrap();
         assert_eq!(ch.response().unwrap().unwrap().outcome, Outcome::Resumed);
         assert_eq!(r.mode(a), Mode::Passthrough);

@@ -13,7 +13,7 @@ use crane_control::notice::{MigrationNotice, clear_notice, write_notice};
 use crane_control::{Mode, Request as AppRequest, list_pids};
 use crane_xs::message::{
     AgentState, AppOutcome, AppResult, GuestState, MigrateMode, Op, Outcome, PhaseTime, Plan,
-    Request, Response, Rollback, plan,
+    Request, Response, ResumeTarget, Rollback, plan,
 };
 
 use crate::apps::{self, AppReport};
@@ -177,11 +177,11 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
                         progress(self.state());
                         self.migrate(req.seq, mode, started, deadline)
                     }
-                    Op::PrepareResume => {
+                    Op::PrepareResume(target) => {
                         let before = self.state;
                         self.state = GuestState::Resuming;
                         progress(self.state());
-                        self.resume(req.seq, before, started, deadline)
+                        self.resume(req.seq, target, before, started, deadline)
                     }
                 }
             }
@@ -400,9 +400,13 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
         )
     }
 
+    /// Loads the GPU driver and waits for the device (unless `target.no_gpu`),
+    /// then brings every process to passthrough on the devices `target`
+    /// names.
     fn resume(
         &mut self,
         seq: u64,
+        target: &ResumeTarget,
         before: GuestState,
         started: Instant,
         deadline: Instant,
@@ -428,19 +432,24 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
                 None,
             )
         };
-        for m in self.unloaded.clone().iter().rev() {
-            if let Err(e) = self.modules.load(m) {
-                timer.lap("modules");
-                return stay(self, timer, format!("cannot load the GPU driver: {e}"));
+        // Without a GPU the driver stays unloaded (a later prepare-resume
+        // with one loads it).
+        if !target.no_gpu {
+            for m in self.unloaded.clone().iter().rev() {
+                if let Err(e) = self.modules.load(m) {
+                    timer.lap("modules");
+                    return stay(self, timer, format!("cannot load the GPU driver: {e}"));
+                }
+                self.unloaded.retain(|u| u != m);
             }
-            self.unloaded.retain(|u| u != m);
-        }
-        timer.lap("modules");
-        if let Err(e) = self.probe.wait_ready(deadline) {
+            timer.lap("modules");
+            if let Err(e) = self.probe.wait_ready(deadline) {
+                timer.lap("device");
+                return stay(self, timer, e.to_string());
+            }
             timer.lap("device");
-            return stay(self, timer, e.to_string());
         }
-        timer.lap("device");
+        let device = target.device.as_deref();
         // New processes may use the GPU from now on.
         if let Err(e) = clear_notice(&run_dir) {
             log::warn!("cannot remove the migration notice: {e}");
@@ -462,7 +471,7 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
                     .iter()
                     .map(|&pid| {
                         let run_dir = &run_dir;
-                        s.spawn(move || back_to_passthrough(run_dir, pid, left, wait))
+                        s.spawn(move || back_to_passthrough(run_dir, pid, device, left, wait))
                     })
                     .collect();
                 hs.into_iter()
@@ -475,9 +484,10 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
         let failed: Vec<&AppReport> = reports.iter().filter(|r| !r.outcome.is_success()).collect();
         if !failed.is_empty() {
             let error = format!(
-                "{} of {} processes are not back on the GPU: {}",
+                "{} of {} processes are not back in passthrough{}: {}",
                 failed.len(),
                 reports.len(),
+                device.map_or(String::new(), |d| format!(" on device {d}")),
                 describe(&failed)
             );
             log::warn!("request {seq} failed: {error}");
@@ -493,39 +503,47 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
             );
         }
         self.state = GuestState::Passthrough;
-        log::info!("request {seq}: resumed ({} processes)", reports.len());
+        log::info!(
+            "request {seq}: resumed ({} processes{}{})",
+            reports.len(),
+            device.map_or(String::new(), |d| format!(", device {d}")),
+            if target.no_gpu { ", no GPU" } else { "" }
+        );
         Self::answer(seq, Outcome::Resumed, started, timer, reports, None, None)
     }
 }
 
-/// Brings one process back to passthrough from whatever mode it reports.
+/// Brings one process to passthrough from whatever mode it reports, on the
+/// devices `device` names (a process already in passthrough moves there).
 fn back_to_passthrough(
     run_dir: &std::path::Path,
     pid: u32,
+    device: Option<&str>,
     left: Duration,
     wait: Duration,
 ) -> AppReport {
     let t = Instant::now();
+    let device = device.map(str::to_owned);
+    let local = AppRequest::Local {
+        deadline_ms: left.as_millis().max(1) as u64,
+        device: device.clone(),
+    };
+    let resume = AppRequest::Resume {
+        device: device.clone(),
+    };
     match apps::mode_of(run_dir, pid, wait) {
+        Some(Mode::Passthrough) if device.is_some() => apps::send(run_dir, pid, &local, wait),
         Some(Mode::Passthrough) => AppReport {
             pid,
             outcome: AppOutcome::Passthrough,
             ms: t.elapsed().as_secs_f64() * 1e3,
             error: None,
         },
-        Some(Mode::Suspended) => apps::send(run_dir, pid, &AppRequest::RESUME, wait),
-        Some(Mode::Remote) => apps::send(
-            run_dir,
-            pid,
-            &AppRequest::Local {
-                deadline_ms: left.as_millis().max(1) as u64,
-                device: None,
-            },
-            wait,
-        ),
+        Some(Mode::Suspended) => apps::send(run_dir, pid, &resume, wait),
+        Some(Mode::Remote) => apps::send(run_dir, pid, &local, wait),
         // Did not say: the same request tells gone from failing.
         None => {
-            let mut r = apps::send(run_dir, pid, &AppRequest::RESUME, wait);
+            let mut r = apps::send(run_dir, pid, &resume, wait);
             if r.outcome == AppOutcome::Failed {
                 r.error = Some(format!(
                     "did not report its mode; resume: {}",

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crane_xs::dom0::GuestChannel;
 use crane_xs::mem::{MemConn, MemStore};
-use crane_xs::message::{MigrateMode, Op};
+use crane_xs::message::{MigrateMode, Op, ResumeTarget};
 use serde::{Deserialize, Serialize};
 
 /// Largest command line accepted.
@@ -38,6 +38,12 @@ pub enum CtlRequest {
     PrepareResume {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         deadline_ms: Option<u64>,
+        /// A device spec (see `crane_xs::message::ResumeTarget`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+        /// No GPU is attached.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_gpu: bool,
     },
     Status,
 }
@@ -149,7 +155,14 @@ fn execute(dom0: &MemConn, domid: u16, req: CtlRequest) -> CtlReply {
                 ..CtlReply::default()
             };
         }
-        CtlRequest::PrepareResume { deadline_ms } => (Op::PrepareResume, deadline_ms),
+        CtlRequest::PrepareResume {
+            deadline_ms,
+            device,
+            no_gpu,
+        } => (
+            Op::PrepareResume(ResumeTarget { device, no_gpu }),
+            deadline_ms,
+        ),
         CtlRequest::PrepareMigrate {
             mode,
             proxy,

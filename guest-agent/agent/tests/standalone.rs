@@ -101,6 +101,19 @@ fn post(sock: &Path, req: CtlRequest) -> (Response, Vec<AppResult>, AgentState) 
     (resp, apps, state)
 }
 
+/// The devices the program reports it runs on.
+fn app_devices(run: &Path, pid: u32) -> Vec<String> {
+    let r = crane_control::call(
+        &socket_path(run, pid),
+        &crane_control::Request::Status,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let st = r.status.expect("a status");
+    assert!(!st.devices.is_empty(), "no devices reported: {st:?}");
+    st.devices
+}
+
 #[test]
 fn stop_and_copy_cycle_under_the_real_interposer() {
     let lib = library();
@@ -154,6 +167,8 @@ fn stop_and_copy_cycle_under_the_real_interposer() {
         .env("LD_PRELOAD", &lib)
         .env("CRANE_RUN_DIR", &run)
         .env("TESTAPP_HOLD", &release)
+        // Two devices (PoCL's basic, then pthread), for the move onto another.
+        .env("POCL_DEVICES", "basic pthread")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -189,10 +204,19 @@ fn stop_and_copy_cycle_under_the_real_interposer() {
         std::thread::sleep(Duration::from_millis(200));
         assert!(!waiter.is_finished(), "the program ran on while suspended");
 
+        // The second time, as craned's `no_free_gpu = "cpu"` asks: onto
+        // another device (here PoCL's other CPU device), no GPU driver.
+        let (device, no_gpu) = if cycle == 0 {
+            (None, false)
+        } else {
+            (Some("pthread".to_string()), true)
+        };
         let (resp, apps, state) = post(
             &sock,
             CtlRequest::PrepareResume {
                 deadline_ms: Some(20_000),
+                device,
+                no_gpu,
             },
         );
         assert_eq!(resp.outcome, Outcome::Resumed, "cycle {cycle}: {resp:?}");
@@ -203,7 +227,29 @@ fn stop_and_copy_cycle_under_the_real_interposer() {
             .expect("the program's result");
         assert_eq!(app.outcome, AppOutcome::Passthrough, "{app:?}");
         assert_eq!(read_notice(&run), None);
+        let expect = if cycle == 0 { "basic" } else { "pthread" };
+        let on = app_devices(&run, pid);
+        assert!(
+            on.iter().all(|d| d.contains(expect)),
+            "cycle {cycle}: {on:?}"
+        );
     }
+    // A GPU again: back onto the devices it started on, from passthrough.
+    let (resp, apps, _) = post(
+        &sock,
+        CtlRequest::PrepareResume {
+            deadline_ms: Some(20_000),
+            device: Some("home".into()),
+            no_gpu: false,
+        },
+    );
+    assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
+    assert!(
+        apps.iter()
+            .any(|a| a.pid == pid && a.outcome == AppOutcome::Passthrough)
+    );
+    let on = app_devices(&run, pid);
+    assert!(on.iter().all(|d| d.contains("basic")), "back home: {on:?}");
     std::fs::write(&release, b"").unwrap();
     let out = waiter.join().unwrap();
     assert!(
@@ -215,7 +261,7 @@ fn stop_and_copy_cycle_under_the_real_interposer() {
 
     let reply = call(&sock, &CtlRequest::Status, Duration::from_secs(10)).unwrap();
     let st = AgentState::parse(reply.state.as_deref().unwrap()).unwrap();
-    assert_eq!(st.last_seq, 4);
+    assert_eq!(st.last_seq, 5);
     drop(agent);
     let lines = log_lines.join().unwrap();
     assert!(

@@ -34,6 +34,13 @@ pub enum AgentCmd {
         /// How long the applications may take, in ms.
         #[arg(long, value_name = "N")]
         deadline_ms: Option<u64>,
+        /// Where the applications go (see `cranectl local --device`), also
+        /// those already in passthrough.
+        #[arg(long, value_name = "SPEC")]
+        device: Option<String>,
+        /// No GPU is attached: load no GPU driver, wait for no device.
+        #[arg(long)]
+        no_gpu: bool,
     },
     /// The agent's state.
     Status,
@@ -108,9 +115,18 @@ pub fn run(cmd: AgentCmd, json: bool, run_dir: &Path) -> Result<ExitCode> {
                 deadline_ms,
             )
         }
-        AgentCmd::PrepareResume { deadline_ms } => {
-            (CtlRequest::PrepareResume { deadline_ms }, deadline_ms)
-        }
+        AgentCmd::PrepareResume {
+            deadline_ms,
+            device,
+            no_gpu,
+        } => (
+            CtlRequest::PrepareResume {
+                deadline_ms,
+                device,
+                no_gpu,
+            },
+            deadline_ms,
+        ),
         AgentCmd::Status => (CtlRequest::Status, None),
     };
     let wait = Duration::from_millis(deadline_ms.unwrap_or(3_600_000)) + Duration::from_secs(180);

@@ -307,7 +307,7 @@ mod tests {
             last_seq: u64::MAX,
         };
         publish_state(&guest, &state).unwrap();
-        let e = ch.post(Op::PrepareResume, None).unwrap_err().to_string();
+        let e = ch.post(Op::RESUME, None).unwrap_err().to_string();
         assert!(e.contains("no sequence number is left"), "{e}");
         assert!(!ch.outstanding().unwrap(), "nothing was posted");
     }
@@ -323,7 +323,7 @@ mod tests {
         };
         publish_state(&guest, &state).unwrap();
         assert!(!ch.outstanding().unwrap(), "nothing posted yet");
-        let req = ch.post(Op::PrepareResume, None).unwrap();
+        let req = ch.post(Op::RESUME, None).unwrap();
         assert_eq!(req.seq, 5, "after the agent's own last number");
         assert!(ch.outstanding().unwrap());
         let short = Duration::from_millis(50);
@@ -342,7 +342,7 @@ mod tests {
         assert!(!ch.outstanding().unwrap());
         assert_eq!(ch.wait_answer(5, short).unwrap().outcome, Outcome::Resumed);
         // A garbled response is no answer: the next request stays outstanding.
-        ch.post(Op::PrepareResume, None).unwrap();
+        ch.post(Op::RESUME, None).unwrap();
         guest
             .write(&absolute(GUEST, AGENT_RESPONSE), "seq=6 outcome=explode")
             .unwrap();

@@ -58,16 +58,57 @@ pub enum Op {
     /// Move every process off the GPU, unload the GPU driver, answer
     /// `ready-for-detach`.
     PrepareMigrate(MigrateMode),
-    /// A GPU is attached: load the driver, wait for the device, bring every
-    /// process back to passthrough, answer `resumed`.
-    PrepareResume,
+    /// A GPU is attached (or, `no_gpu`, none is coming): load the driver,
+    /// wait for the device, bring every process back to passthrough on the
+    /// devices `device` names, answer `resumed`.
+    PrepareResume(ResumeTarget),
+}
+
+/// Where a prepare-resume takes the processes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResumeTarget {
+    /// A device spec (`crane_control::DeviceSpec`: `home`, `cpu`, `gpu`,
+    /// `accelerator`, or text from a device's name): the processes, also those
+    /// already in passthrough, move onto those devices. None: each process
+    /// goes back to the devices it was on.
+    pub device: Option<String>,
+    /// No GPU is attached: the agent loads no GPU driver and waits for no
+    /// device (the processes go to the guest's own OpenCL devices, the CPU).
+    pub no_gpu: bool,
+}
+
+/// Longest device spec in a request.
+pub const MAX_DEVICE_SPEC_LEN: usize = 64;
+
+/// Checks a device spec: 1 to 64 characters of `[A-Za-z0-9._:+-]` (a
+/// request's fields are separated by spaces).
+pub fn validate_device(d: &str) -> Result<(), ValueError> {
+    let ok = !d.is_empty()
+        && d.len() <= MAX_DEVICE_SPEC_LEN
+        && d.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:+-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(bad_value(
+            "device",
+            d,
+            "want 1 to 64 characters of [A-Za-z0-9._:+-]",
+        ))
+    }
 }
 
 impl Op {
+    /// prepare-resume back onto the devices the processes were on.
+    pub const RESUME: Op = Op::PrepareResume(ResumeTarget {
+        device: None,
+        no_gpu: false,
+    });
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::PrepareMigrate(_) => "prepare-migrate",
-            Op::PrepareResume => "prepare-resume",
+            Op::PrepareResume(_) => "prepare-resume",
         }
     }
 }
@@ -171,7 +212,18 @@ impl Request {
                     }
                 }
             }
-            "prepare-resume" => Op::PrepareResume,
+            "prepare-resume" => {
+                let device = f.take("device");
+                if let Some(d) = &device {
+                    validate_device(d)?;
+                }
+                let no_gpu = match f.take("gpu").as_deref() {
+                    None => false,
+                    Some("none") => true,
+                    Some(other) => return Err(bad_value("gpu", other, "want none")),
+                };
+                Op::PrepareResume(ResumeTarget { device, no_gpu })
+            }
             other => {
                 return Err(bad_value(
                     "op",
@@ -192,12 +244,22 @@ impl Request {
         let mut f = Fields::new();
         f.push("seq", self.seq.to_string())
             .push("op", self.op.name());
-        if let Op::PrepareMigrate(mode) = &self.op {
-            f.push("mode", mode.kind().as_str());
-            if let MigrateMode::Remote { proxy, token } = mode {
-                f.push("proxy", proxy.as_str());
-                if let Some(t) = token {
-                    f.push("token", t.as_str());
+        match &self.op {
+            Op::PrepareMigrate(mode) => {
+                f.push("mode", mode.kind().as_str());
+                if let MigrateMode::Remote { proxy, token } = mode {
+                    f.push("proxy", proxy.as_str());
+                    if let Some(t) = token {
+                        f.push("token", t.as_str());
+                    }
+                }
+            }
+            Op::PrepareResume(t) => {
+                if let Some(d) = &t.device {
+                    f.push("device", d.as_str());
+                }
+                if t.no_gpu {
+                    f.push("gpu", "none");
                 }
             }
         }
@@ -598,7 +660,7 @@ pub fn plan(state: GuestState, op: &Op) -> Plan {
         (GuestState::Degraded, Op::PrepareMigrate(_)) => {
             Plan::Refuse("a rollback did not complete; send prepare-resume first".into())
         }
-        (_, Op::PrepareResume) => Plan::Run,
+        (_, Op::PrepareResume(_)) => Plan::Run,
     }
 }
 
@@ -618,7 +680,21 @@ mod tests {
         for (op, deadline_ms) in [
             (remote(), Some(30_000)),
             (Op::PrepareMigrate(MigrateMode::StopAndCopy), None),
-            (Op::PrepareResume, Some(5)),
+            (Op::RESUME, Some(5)),
+            (
+                Op::PrepareResume(ResumeTarget {
+                    device: Some("cpu".into()),
+                    no_gpu: true,
+                }),
+                None,
+            ),
+            (
+                Op::PrepareResume(ResumeTarget {
+                    device: Some("H100".into()),
+                    no_gpu: false,
+                }),
+                Some(9),
+            ),
         ] {
             let r = Request {
                 seq: 42,
@@ -635,6 +711,15 @@ mod tests {
             }
             .format(),
             "seq=3 op=prepare-migrate mode=remote proxy=tcp://10.77.0.2:7000 token=s3cr3t-T0ken deadline-ms=100"
+        );
+        assert_eq!(
+            Request::parse("seq=4 op=prepare-resume device=cpu gpu=none")
+                .unwrap()
+                .op,
+            Op::PrepareResume(ResumeTarget {
+                device: Some("cpu".into()),
+                no_gpu: true
+            })
         );
     }
 
@@ -673,6 +758,13 @@ mod tests {
             ("seq=1 op=prepare-resume deadline-ms=0", "1 to 3600000"),
             ("seq=1 op=prepare-resume extra=1", "unknown key extra"),
             ("seq=-1 op=prepare-resume", "decimal"),
+            ("seq=1 op=prepare-resume gpu=some", "want none"),
+            ("seq=1 op=prepare-resume device=", "device"),
+            ("seq=1 op=prepare-resume device=a%2Fb", "[A-Za-z0-9._:+-]"),
+            (
+                "seq=1 op=prepare-migrate mode=stop-and-copy device=cpu",
+                "unknown key device",
+            ),
         ];
         for (raw, want) in cases {
             let e = Request::parse(raw).unwrap_err().to_string();
@@ -774,7 +866,7 @@ mod tests {
             GuestState::Degraded,
             GuestState::Detached(DetachKind::Remote),
         ] {
-            assert_eq!(plan(s, &Op::PrepareResume), Plan::Run);
+            assert_eq!(plan(s, &Op::RESUME), Plan::Run);
         }
     }
 }
