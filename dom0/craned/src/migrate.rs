@@ -1444,7 +1444,7 @@ mod tests {
             device: Some("cpu".into()),
             no_gpu: true,
         };
-        assert_eq!(targets(&agent), [cpu.clone()]);
+        assert_eq!(targets(&agent), std::slice::from_ref(&cpu));
         // Still none on the next tick: nothing more is asked of the guest.
         let out = w.run(|m| m.recover(&|_| false)).unwrap();
         assert!(
