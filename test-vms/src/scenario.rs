@@ -250,8 +250,8 @@ impl Move {
             }
             Move::Xenstore { from, to } => format!(
                 "XenStore request: migrate host {from} -> host {to} (remote mode); no GPU \
-                 free there: refused (policy refuse), then accepted to wait (policy wait), \
-                 craned restarted meanwhile"
+                 free there: refused (policy refuse), then accepted with the program on the \
+                 guest's CPU until the GPU frees (policy cpu), craned restarted meanwhile"
             ),
         }
     }
@@ -1150,7 +1150,7 @@ fn restart_craned_with(s: &Session, host: usize, no_free_gpu: &str) -> anyhow::R
 /// fails before the domain leaves: the wrapper's migrate-receive on `to` asks craned,
 /// which refuses, xl migrate ends, and craned on `from` rolls the guest back to its
 /// GPU. The guest still runs on `from`, its program on the local GPU again. craned on
-/// `to` goes back to `wait` afterwards. Returns the lines to show.
+/// `to` runs with `cpu` afterwards. Returns the lines to show.
 fn refused_move(s: &Session, from: usize, to: usize, pid: u32) -> anyhow::Result<String> {
     use crane_xs::admin::AdminState;
     let mut log = String::new();
@@ -1196,10 +1196,10 @@ fn refused_move(s: &Session, from: usize, to: usize, pid: u32) -> anyhow::Result
         log,
         "crane: the guest stays on host {from}, pid {pid} back on its GPU (passthrough)"
     );
-    restart_craned_with(s, to, "wait")?;
+    restart_craned_with(s, to, "cpu")?;
     let _ = writeln!(
         log,
-        "crane: host {to}: craned restarted with no_free_gpu = \"wait\""
+        "crane: host {to}: craned restarted with no_free_gpu = \"cpu\""
     );
     Ok(log)
 }
@@ -1207,7 +1207,8 @@ fn refused_move(s: &Session, from: usize, to: usize, pid: u32) -> anyhow::Result
 /// The XenStore trigger (see [`Move::Xenstore`]): writes the request on `from` with
 /// `xenstore-write`, follows craned's result until it is final, and on another host
 /// walks the guest through a destination without a free GPU: first refused there (see
-/// [`refused_move`]), then accepted to wait for one, with a craned restart.
+/// [`refused_move`]), then accepted with its program on the guest's own CPU (no GPU
+/// driver loaded) until one frees, with a craned restart meanwhile.
 /// Returns the lines to show and the pre-migration stoppage craned reported.
 fn xenstore_move(
     s: &Session,
@@ -1273,34 +1274,47 @@ fn xenstore_move(
         |o| o.contains("no GPU free") || o.contains("runs on GPU") || o.contains("failed"),
     )?;
     ensure!(
-        received.contains("no GPU free, it waits on the proxy"),
-        "host {to} did not make the guest wait for a GPU:\n{received}"
+        received.contains("no GPU free, its programs run on its CPU until one frees"),
+        "host {to} did not send the guest's programs to its CPU:\n{received}"
     );
     log.push_str(&received);
     ensure!(
-        journal_phase(s, to)?.as_deref() == Some("waiting-gpu"),
-        "host {to}'s journal does not show the guest waiting for a GPU"
+        journal_phase(s, to)?.as_deref() == Some("on-cpu"),
+        "host {to}'s journal does not show the guest on its CPU"
     );
+    // The program runs in the guest again, in passthrough on the guest's own OpenCL
+    // device (PoCL), while the GPU's driver stays unloaded and no GPU is attached.
     match app_status(s, to, pid)? {
         Some(status) => ensure!(
-            status.mode == Mode::Remote,
+            status.mode == Mode::Passthrough,
             "pid {pid} is {:?} while its guest has no GPU",
             status.mode
         ),
         None => ensure!(!app.holds(), "pid {pid} is gone"),
     }
+    let modules = s.domu(to, GUEST, "cut -d' ' -f1 /proc/modules")?;
+    ensure!(
+        !modules.lines().any(|m| m == "e1000"),
+        "the GPU's driver is loaded in a guest without a GPU"
+    );
+    ensure!(
+        !s.dom0(to, &format!("xl pci-list {GUEST}"))?
+            .contains(GUEST_STANDIN_BDF),
+        "the guest has a GPU on host {to} while another domain holds it"
+    );
     // craned dies mid-migration and comes back: the journal keeps the guest waiting.
     s.dom0(to, "kill -9 $(pidof craned); sleep 1")?;
     spawn_craned(s, to)?;
     std::thread::sleep(Duration::from_secs(3));
     ensure!(
-        journal_phase(s, to)?.as_deref() == Some("waiting-gpu"),
-        "the restarted craned on host {to} lost the waiting guest"
+        journal_phase(s, to)?.as_deref() == Some("on-cpu"),
+        "the restarted craned on host {to} lost the guest waiting on its CPU"
     );
     let _ = writeln!(
         log,
-        "crane: host {to}: craned killed (SIGKILL) and restarted; the guest still waits \
-         on the proxy (journal phase waiting-gpu), pid {pid} remote"
+        "crane: host {to}: craned killed (SIGKILL) and restarted; the guest still runs \
+         its program on its CPU (journal phase on-cpu), pid {pid} passthrough, no GPU \
+         driver loaded"
     );
     // The GPU frees: the restarted craned gives it to the guest.
     s.dom0(to, &format!("xl destroy {HOLDER} 2>/dev/null; true"))?;
