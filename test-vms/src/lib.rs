@@ -218,8 +218,12 @@ const USAGE: &str = "\
 usage: cargo xtask testbed <command>
   lock                 re-resolve images/packages.lock from Debian's archive
   images               build the images into target/images/out
-  up [--hosts N]       build the images and boot N (1 or 2) emulated Xen hosts in the
-                       background; two hosts have their dom0 bridges linked
+  up [--hosts N] [--bare]
+                       build the images and boot N (1 or 2) emulated Xen hosts in the
+                       background (two hosts have their dom0 bridges linked); then, unless
+                       --bare, set up on host 0 what the demo uses (craned, the proxy
+                       domain, the GPU guest with its GPU and agent, pingpong under crane)
+                       and print the commands to try it by hand
   run [--host I] [--timeout S] [--domain D] -- CMD...
                        run CMD in dom0 of host I (or in its domU D); exit with its status
   logs                 copy the domUs' console logs to target/testbed/hostI/consoles
@@ -256,12 +260,24 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             eprintln!("images built in {:.1}s", started.elapsed().as_secs_f64());
         }
         Some("up") => {
-            let count = match &args[1..] {
-                [] => 1,
-                [flag, n] if flag == "--hosts" => n.parse().context("--hosts takes a number")?,
-                _ => anyhow::bail!("{USAGE}"),
-            };
-            up(&paths, count)?;
+            let mut count = 1;
+            let mut bare = false;
+            let mut rest = &args[1..];
+            loop {
+                match rest {
+                    [] => break,
+                    [flag, n, tail @ ..] if flag == "--hosts" => {
+                        count = n.parse().context("--hosts takes a number")?;
+                        rest = tail;
+                    }
+                    [flag, tail @ ..] if flag == "--bare" => {
+                        bare = true;
+                        rest = tail;
+                    }
+                    _ => anyhow::bail!("{USAGE}"),
+                }
+            }
+            up(&paths, count, bare)?;
         }
         Some("run") => {
             let code = run(&args[1..])?;
@@ -310,7 +326,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn up(paths: &Paths, count: usize) -> anyhow::Result<()> {
+fn up(paths: &Paths, count: usize, bare: bool) -> anyhow::Result<()> {
     anyhow::ensure!((1..=2).contains(&count), "the testbed runs 1 or 2 hosts");
     tier::ensure_host_tools(paths)?;
     let started = Instant::now();
@@ -343,6 +359,23 @@ fn up(paths: &Paths, count: usize) -> anyhow::Result<()> {
             host.state_dir().display()
         );
     }
+    if bare {
+        return Ok(());
+    }
+    // The hosts stay up (they were booted detached) whatever happens below.
+    let mut session = session::Session::over(hosts);
+    let app = scenario::App::default();
+    let pid = scenario::bring_up(&mut session, &app).context(
+        "setting up crane on host 0 (the hosts stay up: `cargo xtask testbed logs`, `down`)",
+    )?;
+    println!(
+        "testbed: crane is up on host 0: craned and the xl wrapper in dom0, crane-proxy in \
+         the domain `proxy`, crane-agent in `{}` with the GPU (an e1000 stand-in), and {} \
+         (pid {pid}) under crane there, holding halfway. Try:",
+        scenario::GUEST,
+        app.program
+    );
+    print!("{}", scenario::operator_commands(pid, &app));
     Ok(())
 }
 

@@ -1852,6 +1852,135 @@ fn release(s: &Session, host: usize, app: &App, started: Instant) -> anyhow::Res
 /// The whole scenario on the session's hosts (1 or 2): see the module's description.
 /// On failure, the logs of craned, the wrappers, crane-agent, the program and
 /// crane-proxy are printed to stderr (best effort) before the error is returned.
+/// What `cargo xtask testbed up` sets up on host 0 for an operator to try by hand:
+/// craned, the proxy domain with crane-proxy, the GPU guest with its GPU and agent,
+/// and `app` under crane in it. Returns the program's pid in the guest.
+pub fn bring_up(s: &mut Session, app: &App) -> anyhow::Result<u32> {
+    start_craned(s)?;
+    check_proxy(s)?;
+    s.phase("craned; the proxy domain created by craned, crane-proxy with the guest's token");
+    if guest_domid(s, 0)?.is_none() {
+        create_domain(s, 0, &guest_config())?;
+    }
+    wait_booted(s, 0, GUEST)?;
+    attach_first_gpu(s, 0)?;
+    wait_agent(s, 0, "passthrough")?;
+    s.phase("the GPU guest boots, gets the GPU; crane-agent answers craned");
+    let pid = start_under_crane(s, 0, app)?;
+    if app.holds() {
+        wait_holding(s, 0, pid)?;
+    } else {
+        wait_running(s, 0, pid)?;
+    }
+    s.phase(&format!("{} under crane in the guest", app.program));
+    Ok(pid)
+}
+
+/// The commands an operator can type once [`bring_up`] is done. Each command line
+/// for dom0 or the guest is one double-quoted argument of `testbed run`.
+pub fn operator_commands(pid: u32, app: &App) -> String {
+    let request = crane_xs::admin::AdminRequest {
+        id: 1,
+        op: crane_xs::admin::AdminOp::Migrate {
+            dest: format!("{WRAPPER} migrate-receive"),
+            mode: crane_xs::admin::MoveMode::Remote,
+            ssh_command: Some(String::new()),
+        },
+    }
+    .format();
+    let dom0 = |cmd: &str| format!("cargo xtask testbed run -- \"{cmd}\"");
+    let guest = |cmd: &str| format!("cargo xtask testbed run --domain {GUEST} -- \"{cmd}\"");
+    let mut steps: Vec<(String, Vec<String>)> = vec![
+        (
+            "craned's view: guests, GPUs, the proxy, each move's stoppage".into(),
+            vec![dom0("crane status")],
+        ),
+        (
+            format!("the program (pid {pid}) and its mode under crane, in the guest"),
+            vec![guest("cranectl list")],
+        ),
+        (
+            "live migration to the same host through the xl wrapper: the program runs on \
+             crane-proxy meanwhile and comes back"
+                .into(),
+            vec![dom0(&format!("xl migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"))],
+        ),
+        (
+            "the same requested through XenStore (craned runs xl), then its result".into(),
+            vec![
+                dom0(&format!(
+                    "xenstore-write {} '{request}'",
+                    crane_xs::admin::request_key(GUEST)
+                )),
+                dom0(&format!("xenstore-read {}", crane_xs::admin::result_key(GUEST))),
+            ],
+        ),
+        (
+            "stop-and-copy: the program parked in RAM while the guest is saved and restored"
+                .into(),
+            vec![dom0(&format!("xl save {GUEST} {SAVE_FILE} && xl restore {SAVE_FILE}"))],
+        ),
+        (
+            "the program onto the guest's CPU device and back, by hand".into(),
+            vec![
+                guest(&format!("cranectl local {pid} --device cpu")),
+                guest(&format!("cranectl local {pid} --device home")),
+            ],
+        ),
+    ];
+    if app.holds() {
+        steps.push((
+            "let the program finish (it holds halfway) and show its result".into(),
+            vec![guest(&format!(
+                "touch {APP_DIR}/release; while [ ! -e {APP_DIR}/status ]; do sleep 1; done; \
+                 cat {APP_DIR}/out"
+            ))],
+        ));
+    }
+    steps.push((
+        "the domUs' consoles, and stopping everything".into(),
+        vec![
+            "cargo xtask testbed logs".into(),
+            "cargo xtask testbed down".into(),
+        ],
+    ));
+    let mut out = String::new();
+    for (what, cmds) in steps {
+        let _ = writeln!(out, "  # {what}");
+        for c in cmds {
+            let _ = writeln!(out, "  {c}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod operator_tests {
+    use super::*;
+
+    /// The printed commands are what the e2e tier runs: the same wrapper, request
+    /// and paths; each dom0 or guest command line is one quoted argument.
+    #[test]
+    fn operator_commands_name_the_real_paths() {
+        let text = operator_commands(321, &App::default());
+        assert!(text.contains(&format!(
+            "testbed run -- \"xl migrate -s '' {GUEST} '{WRAPPER} migrate-receive'\""
+        )));
+        assert!(text.contains("cranectl local 321 --device cpu"));
+        assert!(text.contains(&format!("{APP_DIR}/release")));
+        let request_line = text
+            .lines()
+            .find(|l| l.contains("xenstore-write"))
+            .unwrap();
+        let quoted = request_line.split('\'').nth(1).unwrap();
+        let parsed = crane_xs::admin::AdminRequest::parse(quoted).unwrap();
+        assert_eq!(parsed.id, 1);
+        for line in text.lines().filter(|l| l.contains("testbed run")) {
+            assert_eq!(line.matches('"').count(), 2, "{line}");
+        }
+    }
+}
+
 pub fn run(s: &mut Session, app: &App) -> anyhow::Result<Report> {
     let result = run_inner(s, app);
     if result.is_err() {

@@ -55,6 +55,17 @@ impl Session {
         Ok(session)
     }
 
+    /// A session over hosts booted elsewhere (`cargo xtask testbed up`).
+    pub fn over(hosts: Vec<EmulatedHost>) -> Self {
+        let started = Instant::now();
+        Self {
+            hosts,
+            started,
+            phase_started: started,
+            timings: Vec::new(),
+        }
+    }
+
     /// Ends the current phase: records and prints its wall time.
     pub fn phase(&mut self, name: &str) {
         let now = Instant::now();
