@@ -1903,7 +1903,9 @@ pub fn operator_commands(pid: u32, app: &App) -> String {
             "live migration to the same host through the xl wrapper: the program runs on \
              crane-proxy meanwhile and comes back"
                 .into(),
-            vec![dom0(&format!("xl migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"))],
+            vec![dom0(&format!(
+                "xl migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"
+            ))],
         ),
         (
             "the same requested through XenStore (craned runs xl), then its result".into(),
@@ -1912,13 +1914,17 @@ pub fn operator_commands(pid: u32, app: &App) -> String {
                     "xenstore-write {} '{request}'",
                     crane_xs::admin::request_key(GUEST)
                 )),
-                dom0(&format!("xenstore-read {}", crane_xs::admin::result_key(GUEST))),
+                dom0(&format!(
+                    "xenstore-read {}",
+                    crane_xs::admin::result_key(GUEST)
+                )),
             ],
         ),
         (
-            "stop-and-copy: the program parked in RAM while the guest is saved and restored"
-                .into(),
-            vec![dom0(&format!("xl save {GUEST} {SAVE_FILE} && xl restore {SAVE_FILE}"))],
+            "stop-and-copy: the program parked in RAM while the guest is saved and restored".into(),
+            vec![dom0(&format!(
+                "xl save {GUEST} {SAVE_FILE} && xl restore {SAVE_FILE}"
+            ))],
         ),
         (
             "the program onto the guest's CPU device and back, by hand".into(),
@@ -1968,10 +1974,7 @@ mod operator_tests {
         )));
         assert!(text.contains("cranectl local 321 --device cpu"));
         assert!(text.contains(&format!("{APP_DIR}/release")));
-        let request_line = text
-            .lines()
-            .find(|l| l.contains("xenstore-write"))
-            .unwrap();
+        let request_line = text.lines().find(|l| l.contains("xenstore-write")).unwrap();
         let quoted = request_line.split('\'').nth(1).unwrap();
         let parsed = crane_xs::admin::AdminRequest::parse(quoted).unwrap();
         assert_eq!(parsed.id, 1);

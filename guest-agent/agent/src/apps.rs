@@ -27,7 +27,10 @@ fn success_outcome(req: &Request) -> AppOutcome {
     match req {
         Request::Remote { .. } => AppOutcome::Remote,
         Request::Suspend { .. } => AppOutcome::Suspended,
-        Request::Status | Request::Resume { .. } | Request::Local { .. } => AppOutcome::Passthrough,
+        Request::Status
+        | Request::Precopy { .. }
+        | Request::Resume { .. }
+        | Request::Local { .. } => AppOutcome::Passthrough,
     }
 }
 
@@ -225,6 +228,7 @@ pub(crate) mod fake {
                         *mode = Mode::Passthrough;
                         ok()
                     }
+                    (Request::Precopy { .. }, _) if *mode == Mode::Passthrough => ok(),
                     // A move onto other devices from passthrough.
                     (
                         Request::Local {

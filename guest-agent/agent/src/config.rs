@@ -38,6 +38,10 @@ pub struct Config {
     pub answer_grace_ms: u64,
     /// How long a rollback may take per process.
     pub rollback_timeout_ms: u64,
+    /// Before prepare-migrate stops the processes, pre-copy their device
+    /// memory while they run on (`cranectl precopy`), so that the stop reads
+    /// only what they changed since.
+    pub precopy: bool,
     pub modules: ModulesConfig,
     pub device: DeviceConfig,
     pub standalone: StandaloneConfig,
@@ -87,6 +91,7 @@ impl Default for Config {
             default_deadline_ms: 30_000,
             answer_grace_ms: 2_000,
             rollback_timeout_ms: 60_000,
+            precopy: true,
             modules: ModulesConfig::default(),
             device: DeviceConfig::default(),
             standalone: StandaloneConfig::default(),

@@ -236,10 +236,30 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
                 MigrateMode::StopAndCopy => AppRequest::Suspend { deadline_ms },
             }
         };
-        // Every process, then any that started meanwhile (the notice covers
-        // those that start from now on).
+        // Pre-copy: each process's device memory read into RAM while it runs
+        // on, so that the stop below reads only what changed since. A process
+        // that cannot is stopped as it is (nothing is lost either way); one
+        // found gone is reported so.
         let mut reports: Vec<AppReport> = Vec::new();
         let mut seen = BTreeSet::new();
+        if self.cfg.precopy {
+            let pids = list_pids(&run_dir);
+            let left = deadline.saturating_duration_since(Instant::now());
+            let req = AppRequest::Precopy {
+                deadline_ms: (left / 2).as_millis().max(1) as u64,
+            };
+            for r in apps::send_all(&run_dir, &pids, |_| Some(req.clone()), left / 2) {
+                if r.outcome == AppOutcome::Gone {
+                    seen.insert(r.pid);
+                    reports.push(r);
+                } else if let Some(e) = &r.error {
+                    log::info!("request {seq}: pid {}: no pre-copy: {e}", r.pid);
+                }
+            }
+            timer.lap("precopy");
+        }
+        // Every process, then any that started meanwhile (the notice covers
+        // those that start from now on).
         for _ in 0..MAX_ROUNDS {
             let new: Vec<u32> = list_pids(&run_dir)
                 .into_iter()

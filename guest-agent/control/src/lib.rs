@@ -59,6 +59,12 @@ pub enum Request {
     Suspend {
         deadline_ms: u64,
     },
+    /// Pre-copy: read what the device holds that RAM does not while the
+    /// application runs on, so that a suspend or move soon after reads only
+    /// what changed since. Passthrough only.
+    Precopy {
+        deadline_ms: u64,
+    },
     /// Reload the vendor library, recreate every object, re-inject memory.
     Resume {
         /// Where the process's devices go (a [`DeviceSpec`]); none: the

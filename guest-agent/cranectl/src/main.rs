@@ -56,6 +56,9 @@ enum Cmd {
     List,
     /// Park a process's GPU state in RAM and unload its vendor library.
     Suspend(Which),
+    /// Read a process's device memory into RAM while it runs on, so that a
+    /// suspend or move soon after stops it only for what changed since.
+    Precopy(Which),
     /// Reload the vendor library and rebuild the process's objects.
     Resume {
         #[command(flatten)]
@@ -246,13 +249,25 @@ fn run() -> Result<ExitCode> {
                 }
             }
         }
-        Cmd::Suspend(_) | Cmd::Resume { .. } | Cmd::Remote { .. } | Cmd::Local { .. } => {
+        Cmd::Suspend(_)
+        | Cmd::Precopy(_)
+        | Cmd::Resume { .. }
+        | Cmd::Remote { .. }
+        | Cmd::Local { .. } => {
             let (verb, done, which, req) = match cli.cmd {
                 Cmd::Suspend(w) => (
                     "suspend",
                     "suspended",
                     w.target,
                     Request::Suspend {
+                        deadline_ms: w.deadline_ms,
+                    },
+                ),
+                Cmd::Precopy(w) => (
+                    "precopy",
+                    "pre-copied",
+                    w.target,
+                    Request::Precopy {
                         deadline_ms: w.deadline_ms,
                     },
                 ),

@@ -248,6 +248,13 @@ fn handle(req: Request) -> Response {
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during suspend"),
         },
+        Request::Precopy { deadline_ms } => match std::panic::catch_unwind(|| {
+            lifecycle::precopy(Duration::from_millis(deadline_ms))
+        }) {
+            Ok(Ok(phases)) => ok(phases, None),
+            Ok(Err(e)) => Response::error(e),
+            Err(_) => Response::error("internal error during pre-copy"),
+        },
         Request::Resume { device } => {
             match std::panic::catch_unwind(|| lifecycle::resume_on(parse_spec(device)?)) {
                 Ok(Ok(phases)) => ok(phases, None),

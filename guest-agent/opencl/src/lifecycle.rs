@@ -175,6 +175,150 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
     Ok((tm.phases, res))
 }
 
+/// Set while a pre-copy replaces RAM copies with what the device holds: host
+/// writes cached in RAM then mark their buffer dirty instead (see
+/// `api::enqueue::cache_write`).
+pub static PRECOPY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Pre-copy (docs/architecture.md, "Pre-copy"): reads, while the application
+/// runs on, every buffer whose device contents RAM does not hold, so that a
+/// suspend or a move soon after reads only what changed since.
+///
+/// The snapshot point is a moment with no application call inside OpenCL
+/// (the gate shut for as long as it takes to enqueue one marker per queue):
+/// the buffers to read are taken and their dirty flags cleared there. Once
+/// the markers complete (all work enqueued before the point is done), each
+/// buffer is read on a queue of crane's own and its copy kept unless a
+/// launch, copy, fill, unmap or host write since the point marked it dirty
+/// again: those the stop reads as before. Buffers only: images, pipes and
+/// `CL_MEM_USE_HOST_PTR` buffers are left to the stop.
+pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
+    if mode() != Mode::Passthrough || !vendor::is_loaded() {
+        return Err("pre-copy runs in passthrough only".into());
+    }
+    let end = Instant::now() + deadline;
+    let mut tm = Timer::new();
+    if let Err(n) = gate::shut(gate::CLOSED, end) {
+        gate::open();
+        return Err(format!(
+            "{n} thread(s) stayed inside OpenCL calls past the deadline"
+        ));
+    }
+    PRECOPY.store(true, Ordering::SeqCst);
+    let queues = handle::live::<Queue>();
+    let mut markers: Vec<*mut c_void> = Vec::new();
+    let mut marked = Ok(());
+    for q in &queues {
+        let vq = q.base.vendor();
+        if vq.is_null() {
+            continue;
+        }
+        let mut ev: cl_event = std::ptr::null_mut();
+        // SAFETY: a marker on a live vendor queue; its event is ours.
+        let rc = unsafe {
+            vfn!(vq, clEnqueueMarkerWithWaitList)
+                .map(|f| f(vq.cast(), 0, std::ptr::null(), &mut ev))
+                .unwrap_or(CL_INVALID_OPERATION)
+        };
+        if rc != CL_SUCCESS {
+            marked = Err(rc);
+            break;
+        }
+        markers.push(ev.cast());
+    }
+    let targets: Vec<Arc<Mem>> = if marked.is_ok() {
+        handle::live::<Mem>()
+            .into_iter()
+            .filter(|m| {
+                matches!(m.kind, MemKind::Buffer)
+                    && m.flags & CL_MEM_USE_HOST_PTR == 0
+                    && !m.base.vendor().is_null()
+                    && m.ever_written.load(Ordering::Relaxed)
+                    && (m.dirty.load(Ordering::Relaxed)
+                        || m.shadow
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .data
+                            .is_none())
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for m in &targets {
+        m.dirty.store(false, Ordering::Relaxed);
+    }
+    gate::open();
+    tm.lap("mark", 0);
+    let waited = markers.iter().try_for_each(|&ev| {
+        let list: cl_event = ev.cast();
+        // SAFETY: our own marker event.
+        check(unsafe { vfn!(ev, clWaitForEvents)?(1, &list) })
+    });
+    for ev in markers {
+        // SAFETY: our own marker event.
+        unsafe { vendor::release(ev, |d| d.clReleaseEvent) };
+    }
+    let mut bytes = 0u64;
+    let mut failed = marked.and(waited).err();
+    // Queues of crane's own, one per context, not the application's: its work
+    // goes on meanwhile.
+    let mut own: Vec<(*const Context, *mut c_void)> = Vec::new();
+    for m in &targets {
+        if failed.is_some() {
+            m.dirty.store(true, Ordering::Relaxed);
+            continue;
+        }
+        let ctx: *const Context = &*m.context;
+        let q = match own.iter().find(|(c, _)| *c == ctx) {
+            Some(&(_, q)) => Ok(q),
+            None => transfer_queue(&m.context, &[]).map(|(q, _)| {
+                own.push((ctx, q));
+                q
+            }),
+        };
+        let mut data = HostBytes::zeroed(m.size);
+        let pin = data.pin(&m.context);
+        let read = q.and_then(|q| {
+            read_buffer(
+                &m.context,
+                q.cast(),
+                m.base.vendor(),
+                m.flags,
+                m.size,
+                data.as_mut_ptr(),
+            )
+        });
+        drop(pin);
+        match read {
+            Ok(()) => {
+                let mut sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+                if !m.dirty.load(Ordering::SeqCst) {
+                    sh.data = Some(data);
+                    bytes += m.size as u64;
+                }
+            }
+            Err(e) => {
+                m.dirty.store(true, Ordering::Relaxed);
+                failed = Some(e);
+            }
+        }
+    }
+    PRECOPY.store(false, Ordering::SeqCst);
+    for (_, q) in own {
+        // SAFETY: the queues made above.
+        unsafe { vendor::release(q, |d| d.clReleaseCommandQueue) };
+    }
+    tm.lap("read", bytes);
+    match failed {
+        None => Ok(tm.phases),
+        Some(e) => Err(format!(
+            "pre-copy failed with OpenCL error {} (nothing is lost: the stop reads those buffers)",
+            crate::entry::error_text(e)
+        )),
+    }
+}
+
 /// The first steps of every suspend: new calls stopped, every queue drained,
 /// the gate shut, what RAM does not hold read back, events' states saved. On
 /// failure the application simply carries on.

@@ -115,10 +115,13 @@ fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     // CL_MEM_USE_HOST_PTR buffer: a vendor with a copy of its own (a discrete
     // GPU, or CRANE_HOST_MEMORY=emulate) wrote only that copy, and resume
     // rebuilds the buffer from the host memory.
+    // During a pre-copy the RAM copy is being replaced by what the device
+    // holds: a host write then counts as one to read again at the stop.
     if !cfg.write_cache
         || size > cfg.write_cache_max
         || root.flags & CL_MEM_USE_HOST_PTR != 0
         || root.is_image()
+        || crate::lifecycle::PRECOPY.load(Ordering::Relaxed)
     {
         root.dirty.store(true, Ordering::Relaxed);
         return;

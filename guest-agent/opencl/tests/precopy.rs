@@ -1,0 +1,193 @@
+//! Integration tier for pre-copy (issue 15): reading device memory into RAM
+//! while the application runs on must never cost it a byte. The corpus runs
+//! under crane with pre-copies at random moments, each followed (at once, or
+//! after a while of the application changing its buffers again) by a
+//! suspend and a resume; the result must equal a native run's. And a pre-copy
+//! of an application that changes nothing leaves its suspend nothing to read.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crane_control::{Request, Response, call, socket_path};
+
+mod common;
+use common::proxy::wait_socket;
+use common::{Rng, apps, finishes, library, long_enough, result_line, scratch};
+
+fn ask(sock: &std::path::Path, req: &Request) -> Option<Response> {
+    call(sock, req, Duration::from_secs(60)).ok()
+}
+
+/// The bytes a transition's phase `name` moved.
+fn phase_bytes(r: &Response, name: &str) -> u64 {
+    r.phases
+        .iter()
+        .filter(|p| p.name == name)
+        .map(|p| p.bytes)
+        .sum()
+}
+
+/// Runs `app` under crane with pre-copies, suspends and resumes at random
+/// moments; its result line and the number of pre-copies that were followed
+/// by a suspend.
+fn precopied(app: &str, iters: &str, seed: u64) -> (String, usize) {
+    let dir = scratch(&format!("precopy-{app}-{seed:x}"));
+    let child = Command::new(apps().join(app))
+        .args(["--iters", iters])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut rng = Rng(seed | 1);
+    let mut rounds = 0;
+    let started = Instant::now();
+    while !waiter.is_finished() && rounds < 30 && started.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
+        if !sock.exists() {
+            continue;
+        }
+        let deadline_ms = 20_000;
+        let Some(r) = ask(&sock, &Request::Precopy { deadline_ms }) else {
+            continue;
+        };
+        if !r.ok {
+            assert!(finishes(&waiter), "{app}: pre-copy failed: {:?}", r.error);
+            break;
+        }
+        // At once, or after the application changed things again.
+        std::thread::sleep(Duration::from_millis(rng.below(3) * rng.below(30)));
+        let Some(r) = ask(&sock, &Request::Suspend { deadline_ms }) else {
+            continue;
+        };
+        if !r.ok {
+            assert!(finishes(&waiter), "{app}: suspend failed: {:?}", r.error);
+            break;
+        }
+        let r = ask(&sock, &Request::RESUME);
+        match r {
+            Some(r) => assert!(r.ok, "{app}: resume failed: {:?}", r.error),
+            None => {
+                assert!(finishes(&waiter), "{app}: resume not answered");
+                break;
+            }
+        }
+        rounds += 1;
+    }
+    let out = waiter.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{app} failed under crane: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (result_line(&out.stdout), rounds)
+}
+
+macro_rules! precopy_test {
+    ($name:ident, $iters:expr) => {
+        #[test]
+        fn $name() {
+            let app = stringify!($name);
+            let (iters, n) = long_enough(app, $iters, 3, |iters| {
+                precopied(app, iters, 0x5851f42d4c957f2d)
+            });
+            eprintln!("{app}: {n} pre-copies + suspends at --iters {iters}, identical to native");
+        }
+    };
+}
+
+// Kernels rotating buffers (pingpong), host writes cached in RAM and maps
+// (maps, copies), sub-buffers and several contexts.
+precopy_test!(pingpong, "6000");
+precopy_test!(maps, "3000");
+precopy_test!(copies, "3000");
+precopy_test!(subbuffers, "3000");
+precopy_test!(multictx, "2000");
+
+/// pingpong held halfway changes no buffer: after a pre-copy has read what
+/// its kernels wrote, a suspend has nothing left to read, and the result is
+/// still the native one.
+#[test]
+fn a_precopied_idle_application_leaves_its_suspend_nothing_to_read() {
+    let dir = scratch("precopy-held");
+    let release = dir.path().join("release");
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "600"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", dir.path())
+        .env("TESTAPP_HOLD", &release)
+        // Host writes are not kept in RAM: every buffer must come from the device.
+        .env("CRANE_WRITE_CACHE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = child;
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    // Until it says it holds (its kernels have run, its buffers are dirty).
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("pingpong ended before holding")
+            .unwrap();
+        if line.contains("holding at iteration") {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let st = ask(&sock, &Request::Status).and_then(|r| r.status).unwrap();
+    assert!(st.dirty_bytes > 0, "nothing dirty to pre-copy: {st:?}");
+    let deadline_ms = 20_000;
+    let r = ask(&sock, &Request::Precopy { deadline_ms }).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    let read = phase_bytes(&r, "read");
+    assert!(read > 0, "the pre-copy read nothing: {:?}", r.phases);
+    let st = ask(&sock, &Request::Status).and_then(|r| r.status).unwrap();
+    assert_eq!(st.dirty_bytes, 0, "still dirty after the pre-copy");
+    let r = ask(&sock, &Request::Suspend { deadline_ms }).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(phase_bytes(&r, "read-dirty"), 0, "{:?}", r.phases);
+    let r = ask(&sock, &Request::RESUME).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    rest.join().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), common::native("pingpong", "600"));
+}
+
+/// Pre-copy is for a process in passthrough; elsewhere it is refused and
+/// nothing changes.
+#[test]
+fn precopy_is_refused_while_suspended() {
+    let dir = scratch("precopy-suspended");
+    let release = dir.path().join("release");
+    let mut child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "6000"])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", dir.path())
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    let deadline_ms = 20_000;
+    let r = ask(&sock, &Request::Suspend { deadline_ms }).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    let r = ask(&sock, &Request::Precopy { deadline_ms }).unwrap();
+    assert!(!r.ok);
+    assert!(r.error.unwrap().contains("passthrough only"));
+    let r = ask(&sock, &Request::RESUME).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    std::fs::write(&release, b"").unwrap();
+    assert!(child.wait().unwrap().success());
+}
