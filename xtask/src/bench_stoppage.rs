@@ -6,7 +6,10 @@
 //! memory, rewriting `--rewrite` percent of it per second by kernel; for each
 //! size and rate this drives suspend+resume twice and remote+local twice
 //! through the process's control socket, a second apart (so that the second
-//! of each sees one second's rewrites), and records the longest gap the
+//! of each sees one second's rewrites), then twice a pre-copy followed at
+//! once by suspend+resume (steps `precopy`, `pc-suspend`, `pc-resume`: the
+//! pre-copy reads while the application runs, the suspend only what it
+//! rewrote meanwhile), and records the longest gap the
 //! application saw around each step (its stoppage), crane's per-phase account
 //! (read-dirty, release, unload, reload, recreate, reinject, ...), and the
 //! GB/s of the phases that move bytes. The application checks every byte at
@@ -61,7 +64,8 @@ pub struct Args {
 struct Step {
     mib: f64,
     rewrite_percent: f64,
-    /// `suspend`, `resume`, `remote` or `local`.
+    /// `suspend`, `resume`, `remote`, `local`, `precopy`, `pc-suspend` or
+    /// `pc-resume`.
     step: String,
     /// The longest gap between two of the application's iterations around
     /// the step (for suspend+resume: both, with the driver's turnaround).
@@ -229,7 +233,16 @@ pub fn main(
                 std::thread::sleep(Duration::from_millis(10));
             }
             let mut record = |step: &str, pause: Option<f64>, phases: Vec<Phase>| {
-                let crane_ms = stopped_ms(&phases);
+                // A pre-copy stops the application only at its snapshot point.
+                let crane_ms = if step == "precopy" {
+                    phases
+                        .iter()
+                        .filter(|p| p.name == "mark")
+                        .map(|p| p.ms)
+                        .sum()
+                } else {
+                    stopped_ms(&phases)
+                };
                 println!(
                     "{mib:>6} {rewrite:>5} {step:<8} {:>9} {crane_ms:>9.1}  {}",
                     pause.map_or("-".into(), |p| format!("{p:.1}")),
@@ -254,6 +267,21 @@ pub fn main(
                 let pause = app.gap()?;
                 record("suspend", None, s);
                 record("resume", Some(pause), r);
+            }
+            for _ in 0..a.repeat.max(1) {
+                std::thread::sleep(Duration::from_secs(1));
+                app.gap()?;
+                // The application runs on while the pre-copy reads: its gap
+                // is the snapshot point's (crane's `mark` phase).
+                let p = request(&sock, &Request::Precopy { deadline_ms })?;
+                let during = app.gap()?;
+                let s = request(&sock, &Request::Suspend { deadline_ms })?;
+                let r = request(&sock, &Request::RESUME)?;
+                std::thread::sleep(Duration::from_millis(200));
+                let pause = app.gap()?;
+                record("precopy", Some(during), p);
+                record("pc-suspend", None, s);
+                record("pc-resume", Some(pause), r);
             }
             for _ in 0..a.repeat.max(1) {
                 std::thread::sleep(Duration::from_secs(1));

@@ -1039,8 +1039,9 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         moved: &moved,
         remote,
     };
+    let broken = || vendor::remote_session().and_then(|s| s.broken());
     if let Err(why) = crate::retarget::check_objects(scope) {
-        return Err(give_up(why));
+        return Err(give_up(broken().unwrap_or(why)));
     }
     let (mut bytes, mut inject) = (0u64, Duration::ZERO);
     if let Err(e) = recreate(&mut bytes, &mut inject, !moved.is_empty()) {
@@ -1057,7 +1058,7 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         staging::repin_held();
     }
     if let Err(why) = crate::retarget::check_launches(scope) {
-        return Err(give_up(why));
+        return Err(give_up(broken().unwrap_or(why)));
     }
     tm.lap("recreate", 0);
     let rec = tm.phases.last_mut().expect("just pushed");

@@ -74,9 +74,11 @@ pub fn check_objects(scope: Scope<'_>) -> Result<(), String> {
             .filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }))
             .map(|m| m.size as u64)
             .sum();
+        // A query that fails (a connection to crane-proxy that broke) refuses
+        // nothing here: the rebuild then fails and says why.
         for (vd, name) in new_devices(&ctx) {
-            let max_alloc: u64 = device_value(vd, CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(0);
-            let global: u64 = device_value(vd, CL_DEVICE_GLOBAL_MEM_SIZE).unwrap_or(0);
+            let max_alloc: u64 = device_value(vd, CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(u64::MAX);
+            let global: u64 = device_value(vd, CL_DEVICE_GLOBAL_MEM_SIZE).unwrap_or(u64::MAX);
             if let Some(big) = mine
                 .iter()
                 .filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }))
@@ -102,7 +104,7 @@ pub fn check_objects(scope: Scope<'_>) -> Result<(), String> {
                 ));
             }
             let images = mine.iter().any(|m| m.is_image());
-            if images && device_value::<cl_bool>(vd, CL_DEVICE_IMAGE_SUPPORT) != Some(CL_TRUE) {
+            if images && device_value::<cl_bool>(vd, CL_DEVICE_IMAGE_SUPPORT) == Some(CL_FALSE) {
                 return Err(refused(
                     &name,
                     "the process uses images and the device has no image support".into(),
@@ -128,8 +130,8 @@ fn check_programs(ctx: &Arc<Context>, vd: cl_device_id, name: &str) -> Result<()
         }
         match &p.source {
             ProgramSource::Il(_) => {
-                let il = device_string(vd, CL_DEVICE_IL_VERSION).unwrap_or_default();
-                if il.trim().is_empty() {
+                let il = device_string(vd, CL_DEVICE_IL_VERSION);
+                if il.is_some_and(|il| il.trim().is_empty()) {
                     return Err(refused(
                         name,
                         "the process has a program made from IL (SPIR-V) and the device \
@@ -139,7 +141,9 @@ fn check_programs(ctx: &Arc<Context>, vd: cl_device_id, name: &str) -> Result<()
                 }
             }
             ProgramSource::BuiltIn(_, kernels) => {
-                let offered = device_string(vd, CL_DEVICE_BUILT_IN_KERNELS).unwrap_or_default();
+                let Some(offered) = device_string(vd, CL_DEVICE_BUILT_IN_KERNELS) else {
+                    continue;
+                };
                 let offered: Vec<&str> = offered.split(';').map(str::trim).collect();
                 if let Some(k) = kernels
                     .to_string_lossy()

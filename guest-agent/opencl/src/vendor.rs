@@ -421,15 +421,12 @@ pub fn take_moved() -> Vec<Moved> {
     std::mem::take(&mut state().moved)
 }
 
-/// What OpenCL says a vendor device is.
-pub fn device_id(vd: cl_device_id) -> DeviceId {
-    let vp: cl_platform_id = device_value(vd, CL_DEVICE_PLATFORM).unwrap_or(std::ptr::null_mut());
+/// What OpenCL says a vendor device of the vendor platform `vp` is. (The
+/// platform is the one the device was listed under, not asked of the device:
+/// crane-proxy answers `CL_DEVICE_PLATFORM` with its own handle.)
+pub fn device_id(vp: cl_platform_id, vd: cl_device_id) -> DeviceId {
     DeviceId {
-        platform: if vp.is_null() {
-            String::new()
-        } else {
-            platform_name(vp)
-        },
+        platform: platform_name(vp),
         name: device_string(vd, CL_DEVICE_NAME).unwrap_or_default(),
         driver: device_string(vd, CL_DRIVER_VERSION).unwrap_or_default(),
     }
@@ -484,7 +481,7 @@ fn offered(loaded: &[Option<Loaded>]) -> Vec<Offered> {
             out.push(Offered {
                 vp,
                 vd,
-                id: device_id(vd),
+                id: device_id(vp, vd),
                 vendor: device_string(vd, CL_DEVICE_VENDOR).unwrap_or_default(),
                 cl_type: device_value(vd, CL_DEVICE_TYPE).unwrap_or(0),
             });
@@ -739,12 +736,14 @@ fn retarget(
         d.base.set_vendor(o.vd.cast());
         let mut now = d.now.lock().unwrap_or_else(|e| e.into_inner());
         if *now != o.id {
-            if used.iter().any(|u| Arc::ptr_eq(u, &d)) {
-                debug!("device {} now runs on {}", *now, o.id);
-            }
             let from = std::mem::replace(&mut *now, o.id.clone());
             drop(now);
-            st.moved.push(Moved { device: d, from });
+            // Only the devices the process made contexts with move anything
+            // of its (the others are handles that answer queries).
+            if used.iter().any(|u| Arc::ptr_eq(u, &d)) {
+                debug!("device {from} now runs on {}", o.id);
+                st.moved.push(Moved { device: d, from });
+            }
         }
     }
     Ok(())
@@ -802,7 +801,7 @@ pub fn root_devices(p: &Arc<Platform>) -> ClResult<Vec<Arc<Device>>> {
             .iter()
             .enumerate()
             .map(|(i, &v)| {
-                let id = device_id(v);
+                let id = device_id(p.base.vendor().cast(), v);
                 let d = Arc::new(Device {
                     base: Base::new(v.cast()),
                     platform: p.clone(),
