@@ -229,7 +229,13 @@ usage: cargo xtask testbed <command>
   logs                 copy the domUs' console logs to target/testbed/hostI/consoles
   status               say which hosts are running
   down                 stop the emulated hosts
-  e2e                  run the end-to-end tier (two hosts; see docs/testbed.md)";
+  e2e                  run the end-to-end tier (two hosts; see docs/testbed.md)
+  soak [--hosts N] [--migrations M]
+                       pingpong under crane while the guest makes M moves in a row (50;
+                       same host and stop-and-copy, with two hosts also across), the
+                       file descriptors, threads and memory of crane-proxy, craned, the
+                       program and crane-agent and XenStore's size after each; the result
+                       must equal a native run's (hosts booted for it, stopped after)";
 
 /// Entry point for `cargo xtask testbed ARGS...`.
 pub fn cli(args: &[String]) -> anyhow::Result<()> {
@@ -314,6 +320,39 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
                 host.shutdown(Duration::from_secs(5))?;
                 println!("stopped {}", dir.display());
             }
+        }
+        Some("soak") => {
+            let mut hosts = 1;
+            let mut migrations = 50;
+            let mut rest = &args[1..];
+            loop {
+                match rest {
+                    [] => break,
+                    [flag, n, tail @ ..] if flag == "--hosts" => {
+                        hosts = n.parse().context("--hosts takes 1 or 2")?;
+                        rest = tail;
+                    }
+                    [flag, n, tail @ ..] if flag == "--migrations" => {
+                        migrations = n.parse().context("--migrations takes a number")?;
+                        rest = tail;
+                    }
+                    _ => anyhow::bail!("{USAGE}"),
+                }
+            }
+            anyhow::ensure!((1..=2).contains(&hosts), "the testbed runs 1 or 2 hosts");
+            let started = Instant::now();
+            let app = scenario::App::default();
+            let soak = once_more_if_stalled("soak", "soak-host", || {
+                let mut session = session::Session::boot("soak-host", hosts)?;
+                scenario::soak(&mut session, &app, migrations)
+            })?;
+            print!("{}", soak.table());
+            println!(
+                "soak: {} moves in {:.0} s; result {} identical to the native run",
+                soak.migrations.len(),
+                started.elapsed().as_secs_f64(),
+                soak.result
+            );
         }
         Some("e2e") => match tier::prepare() {
             tier::Readiness::Ready => tier::run()?,

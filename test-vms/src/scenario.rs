@@ -2291,3 +2291,188 @@ mod tests {
         }
     }
 }
+
+/// What the soak follows from move to move (issue 17): file descriptors, threads
+/// and memory of the long-lived processes, and XenStore's size.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// crane-proxy in the proxy domain: descriptors, threads, resident KiB.
+    pub proxy: [u64; 3],
+    /// craned in dom0 of the host the guest is on.
+    pub craned: [u64; 3],
+    /// The program under crane in the guest.
+    pub app: [u64; 3],
+    /// crane-agent in the guest.
+    pub agent: [u64; 3],
+    /// Nodes in that host's XenStore.
+    pub xenstore_nodes: u64,
+}
+
+/// `fds threads rss_kib` of the process the shell expression `pid` names.
+fn counts_script(pid: &str) -> String {
+    format!(
+        "p={pid}; [ -n \"$p\" ] && echo $(ls /proc/$p/fd | wc -l) $(ls /proc/$p/task | wc -l) \
+         $(sed -n 's/^VmRSS: *\\([0-9]*\\).*/\\1/p' /proc/$p/status)"
+    )
+}
+
+fn parse_counts(out: &str, what: &str) -> anyhow::Result<[u64; 3]> {
+    let n: Vec<u64> = out
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{what}: {out:?}"))?;
+    ensure!(n.len() == 3, "{what}: want 3 numbers, got {out:?}");
+    Ok([n[0], n[1], n[2]])
+}
+
+/// The resources now, the guest being on `host` and the program `pid`.
+pub fn resources(s: &Session, host: usize, pid: u32) -> anyhow::Result<Resources> {
+    let proxy = parse_counts(
+        &s.domu(0, PROXY, &counts_script("$(pidof crane-proxy)"))?,
+        "crane-proxy",
+    )?;
+    let craned = parse_counts(&s.dom0(host, &counts_script("$(pidof craned)"))?, "craned")?;
+    let app = parse_counts(
+        &s.domu(host, GUEST, &counts_script(&pid.to_string()))?,
+        "the program",
+    )?;
+    let agent = parse_counts(
+        &s.domu(host, GUEST, &counts_script("$(pidof crane-agent)"))?,
+        "crane-agent",
+    )?;
+    let xenstore_nodes = s
+        .dom0(host, "xenstore-ls -f / | wc -l")?
+        .trim()
+        .parse()
+        .context("counting XenStore nodes")?;
+    Ok(Resources {
+        proxy,
+        craned,
+        app,
+        agent,
+        xenstore_nodes,
+    })
+}
+
+/// The soak's account.
+#[derive(Debug)]
+pub struct Soak {
+    pub native: String,
+    pub result: String,
+    /// Before the first move, then after each.
+    pub resources: Vec<Resources>,
+    pub migrations: Vec<Migration>,
+}
+
+impl Soak {
+    /// One line per move: how, seconds, stoppage both ways, the resources after.
+    pub fn table(&self) -> String {
+        let mut out = String::from(
+            "  #  move                                   s   pre ms  post ms   proxy fd/thr/KiB   craned fd/thr/KiB   app fd/thr/KiB   agent fd/thr  xs nodes\n",
+        );
+        let row = |out: &mut String,
+                   n: String,
+                   how: String,
+                   m: Option<&Migration>,
+                   r: &Resources| {
+            let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                out,
+                "{n:>3}  {how:<36} {:>5} {:>8} {:>8}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>6}   {:>4}/{:>3}  {:>8}",
+                m.map_or("-".into(), |m| format!("{:.0}", m.seconds)),
+                ms(m.and_then(|m| m.pre_stop_ms)),
+                ms(m.and_then(|m| m.post_stop_ms)),
+                r.proxy[0],
+                r.proxy[1],
+                r.proxy[2],
+                r.craned[0],
+                r.craned[1],
+                r.craned[2],
+                r.app[0],
+                r.app[1],
+                r.app[2],
+                r.agent[0],
+                r.agent[1],
+                r.xenstore_nodes
+            );
+        };
+        if let Some(r) = self.resources.first() {
+            row(&mut out, "0".into(), "(before)".into(), None, r);
+        }
+        for (i, (m, r)) in self.migrations.iter().zip(&self.resources[1..]).enumerate() {
+            row(&mut out, (i + 1).to_string(), m.how.describe(), Some(m), r);
+        }
+        out
+    }
+}
+
+/// The moves of the soak, in turn: on one host a same-host live migration and
+/// stop-and-copy; on two, also to the other host and back.
+pub fn soak_moves(hosts: usize) -> Vec<Move> {
+    if hosts == 2 {
+        vec![
+            Move::Live { from: 0, to: 0 },
+            Move::SaveRestore { host: 0 },
+            Move::Live { from: 0, to: 1 },
+            Move::SaveRestore { host: 1 },
+            Move::Live { from: 1, to: 1 },
+            Move::Live { from: 1, to: 0 },
+        ]
+    } else {
+        vec![Move::Live { from: 0, to: 0 }, Move::SaveRestore { host: 0 }]
+    }
+}
+
+/// The soak (`cargo xtask testbed soak`): `app` under crane in the guest while the
+/// guest makes `count` moves in a row (see [`soak_moves`]), the resources of every
+/// long-lived participant read before and after each; then the program is
+/// released and its result must equal a native run's.
+pub fn soak(s: &mut Session, app: &App, count: usize) -> anyhow::Result<Soak> {
+    start_craned(s)?;
+    check_proxy(s)?;
+    if guest_domid(s, 0)?.is_none() {
+        create_domain(s, 0, &guest_config())?;
+    }
+    wait_booted(s, 0, GUEST)?;
+    attach_first_gpu(s, 0)?;
+    wait_agent(s, 0, "passthrough")?;
+    let native = run_native(s, 0, app)?;
+    check_native(&native, "the guest")?;
+    s.phase("set up: craned, the proxy domain, the GPU guest; the native run");
+    let started = Instant::now();
+    let pid = start_under_crane(s, 0, app)?;
+    if app.holds() {
+        wait_holding(s, 0, pid)?;
+        start_monitor(s, 0)?;
+    } else {
+        wait_running(s, 0, pid)?;
+    }
+    let mut soak = Soak {
+        native: native.result.clone(),
+        result: String::new(),
+        resources: vec![resources(s, 0, pid)?],
+        migrations: Vec::new(),
+    };
+    s.phase(&format!("{} under crane", app.program));
+    let moves = soak_moves(s.hosts.len());
+    let mut samples = 0;
+    for i in 0..count {
+        let how = moves[i % moves.len()];
+        let m = move_guest(s, app, how, pid, &mut samples)
+            .with_context(|| format!("move {} of {count}: {}", i + 1, how.describe()))?;
+        soak.resources.push(resources(s, how.destination(), pid)?);
+        s.phase(&format!("move {} of {count}: {}", i + 1, how.describe()));
+        soak.migrations.push(m);
+    }
+    let host = soak.migrations.last().map_or(0, |m| m.how.destination());
+    let crane = release(s, host, app, started)?;
+    ensure!(
+        crane.result == native.result,
+        "the program's result under crane differs from the native run's:\n  native: {}\n  crane:  {}",
+        native.result,
+        crane.result
+    );
+    soak.result = crane.result;
+    Ok(soak)
+}
