@@ -1877,7 +1877,8 @@ pub fn bring_up(s: &mut Session, app: &App) -> anyhow::Result<u32> {
 }
 
 /// The commands an operator can type once [`bring_up`] is done. Each command line
-/// for dom0 or the guest is one double-quoted argument of `testbed run`.
+/// for dom0 or the guest is one double-quoted argument of `testbed run`. xl is
+/// named by the wrapper's path: dom0's PATH finds Debian's own xl first.
 pub fn operator_commands(pid: u32, app: &App) -> String {
     let request = crane_xs::admin::AdminRequest {
         id: 1,
@@ -1904,7 +1905,7 @@ pub fn operator_commands(pid: u32, app: &App) -> String {
              crane-proxy meanwhile and comes back"
                 .into(),
             vec![dom0(&format!(
-                "xl migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"
+                "{WRAPPER} migrate -s '' {GUEST} '{WRAPPER} migrate-receive'"
             ))],
         ),
         (
@@ -1923,7 +1924,7 @@ pub fn operator_commands(pid: u32, app: &App) -> String {
         (
             "stop-and-copy: the program parked in RAM while the guest is saved and restored".into(),
             vec![dom0(&format!(
-                "xl save {GUEST} {SAVE_FILE} && xl restore {SAVE_FILE}"
+                "{WRAPPER} save {GUEST} {SAVE_FILE} && {WRAPPER} restore {SAVE_FILE}"
             ))],
         ),
         (
@@ -1970,7 +1971,7 @@ mod operator_tests {
     fn operator_commands_name_the_real_paths() {
         let text = operator_commands(321, &App::default());
         assert!(text.contains(&format!(
-            "testbed run -- \"xl migrate -s '' {GUEST} '{WRAPPER} migrate-receive'\""
+            "testbed run -- \"{WRAPPER} migrate -s '' {GUEST} '{WRAPPER} migrate-receive'\""
         )));
         assert!(text.contains("cranectl local 321 --device cpu"));
         assert!(text.contains(&format!("{APP_DIR}/release")));
