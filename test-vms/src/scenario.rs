@@ -1965,6 +1965,21 @@ pub fn operator_commands(pid: u32, app: &App) -> String {
 mod operator_tests {
     use super::*;
 
+    /// The soak's resource script, run here on this test's own process (the
+    /// domUs' busybox runs the same: /proc's VmRSS line has a tab).
+    #[test]
+    fn resource_counts_of_a_real_process() {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(counts_script(&std::process::id().to_string()))
+            .output()
+            .unwrap();
+        let [fds, threads, rss] =
+            parse_counts(&String::from_utf8_lossy(&out.stdout), "this test").unwrap();
+        assert!(fds >= 3 && threads >= 1 && rss > 0, "{fds} {threads} {rss}");
+        assert!(parse_counts("8 5\n", "short").is_err());
+    }
+
     /// The printed commands are what the e2e tier runs: the same wrapper, request
     /// and paths; each dom0 or guest command line is one quoted argument.
     #[test]
@@ -2313,7 +2328,7 @@ pub struct Resources {
 fn counts_script(pid: &str) -> String {
     format!(
         "p={pid}; [ -n \"$p\" ] && echo $(ls /proc/$p/fd | wc -l) $(ls /proc/$p/task | wc -l) \
-         $(sed -n 's/^VmRSS: *\\([0-9]*\\).*/\\1/p' /proc/$p/status)"
+         $(awk '/^VmRSS:/ {{print $2}}' /proc/$p/status)"
     )
 }
 
