@@ -2385,7 +2385,7 @@ impl Soak {
     /// One line per move: how, seconds, stoppage both ways, the resources after.
     pub fn table(&self) -> String {
         let mut out = String::from(
-            "  #  move                                   s   pre ms  post ms   proxy fd/thr/KiB   craned fd/thr/KiB   app fd/thr/KiB   agent fd/thr  xs nodes\n",
+            "  #  move                                               s   pre ms  post ms   proxy fd/thr/KiB   craned fd/thr/KiB   app fd/thr/KiB   agent fd/thr  xs nodes\n",
         );
         let row = |out: &mut String,
                    n: String,
@@ -2395,7 +2395,7 @@ impl Soak {
             let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
             let _ = writeln!(
                 out,
-                "{n:>3}  {how:<36} {:>5} {:>8} {:>8}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>6}   {:>4}/{:>3}  {:>8}",
+                "{n:>3}  {how:<48} {:>5} {:>8} {:>8}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>6}   {:>4}/{:>3}  {:>8}",
                 m.map_or("-".into(), |m| format!("{:.0}", m.seconds)),
                 ms(m.and_then(|m| m.pre_stop_ms)),
                 ms(m.and_then(|m| m.post_stop_ms)),
