@@ -232,10 +232,18 @@ fn console_tail(path: &std::path::Path, lines: usize) -> String {
         return String::new();
     };
     let text = String::from_utf8_lossy(&bytes);
+    // xenconsoled may put a timestamp ("[2026-11-26 08:23:31] ") before each line.
+    let body = |l: &str| -> bool {
+        let l = match l.strip_prefix('[').and_then(|r| r.split_once("] ")) {
+            Some((_, rest)) => rest,
+            None => l,
+        };
+        l.starts_with("O ") || l.starts_with("E ")
+    };
     let kept: Vec<&str> = text
         .lines()
         .map(|l| l.trim_end_matches('\r'))
-        .filter(|l| !l.starts_with("O ") && !l.starts_with("E "))
+        .filter(|l| !body(l))
         .collect();
     kept[kept.len().saturating_sub(lines)..]
         .iter()
@@ -276,4 +284,25 @@ fn poll(
         std::thread::sleep(Duration::from_secs(1));
     }
     bail!("did not reach the expected state in {limit:?}; last: {last}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::console_tail;
+
+    #[test]
+    fn console_tails_leave_out_the_runner_s_base64_lines() {
+        let path = std::env::temp_dir().join(format!("crane-tail-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "boot\r\n[2026-11-26 08:23:31] CRANE-BEGIN g1\n[2026-11-26 08:23:31] O aGk=\nO aGk=\nE eA==\nCRANE-END g1 0\n",
+        )
+        .unwrap();
+        assert_eq!(
+            console_tail(&path, 10),
+            "    | boot\n    | [2026-11-26 08:23:31] CRANE-BEGIN g1\n    | CRANE-END g1 0\n"
+        );
+        assert_eq!(console_tail(&path, 1), "    | CRANE-END g1 0\n");
+        std::fs::remove_file(&path).unwrap();
+    }
 }
