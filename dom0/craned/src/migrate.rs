@@ -711,10 +711,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
     /// started on.
     fn back_on_gpu(entry: &Entry) -> ResumeTarget {
         if entry.on_cpu {
-            ResumeTarget {
-                device: Some("home".into()),
-                no_gpu: false,
-            }
+            ResumeTarget::home()
         } else {
             ResumeTarget::default()
         }
@@ -736,10 +733,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
             if !entry.on_cpu {
                 entry.on_cpu = true;
                 log::info!("{guest}: no GPU free; its programs go to its CPU until one frees");
-                let target = ResumeTarget {
-                    device: Some("cpu".into()),
-                    no_gpu: true,
-                };
+                let target = ResumeTarget::cpu_without_gpu();
                 entry.phase = match self.resume(guest, domid, entry, target) {
                     Ok(()) => Phase::OnCpu,
                     Err(e) => {

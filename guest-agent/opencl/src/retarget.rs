@@ -65,27 +65,22 @@ pub fn check_objects(scope: Scope<'_>) -> Result<(), String> {
         if !scope.covers(&ctx) {
             continue;
         }
+        // The objects that own storage (sub-buffers live in their parent's).
         let mine: Vec<&Arc<Mem>> = mems
             .iter()
-            .filter(|m| Arc::ptr_eq(&m.context, &ctx))
+            .filter(|m| {
+                Arc::ptr_eq(&m.context, &ctx) && !matches!(m.kind, MemKind::SubBuffer { .. })
+            })
             .collect();
-        let total: u64 = mine
-            .iter()
-            .filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }))
-            .map(|m| m.size as u64)
-            .sum();
+        let total: u64 = mine.iter().map(|m| m.size as u64).sum();
+        let biggest = mine.iter().map(|m| m.size as u64).max();
+        let images = mine.iter().any(|m| m.is_image());
         // A query that fails (a connection to crane-proxy that broke) refuses
         // nothing here: the rebuild then fails and says why.
         for (vd, name) in new_devices(&ctx) {
             let max_alloc: u64 = device_value(vd, CL_DEVICE_MAX_MEM_ALLOC_SIZE).unwrap_or(u64::MAX);
             let global: u64 = device_value(vd, CL_DEVICE_GLOBAL_MEM_SIZE).unwrap_or(u64::MAX);
-            if let Some(big) = mine
-                .iter()
-                .filter(|m| !matches!(m.kind, MemKind::SubBuffer { .. }))
-                .map(|m| m.size as u64)
-                .max()
-                .filter(|&b| b > max_alloc)
-            {
+            if let Some(big) = biggest.filter(|&b| b > max_alloc) {
                 return Err(refused(
                     &name,
                     format!(
@@ -103,7 +98,6 @@ pub fn check_objects(scope: Scope<'_>) -> Result<(), String> {
                     ),
                 ));
             }
-            let images = mine.iter().any(|m| m.is_image());
             if images && device_value::<cl_bool>(vd, CL_DEVICE_IMAGE_SUPPORT) == Some(CL_FALSE) {
                 return Err(refused(
                     &name,

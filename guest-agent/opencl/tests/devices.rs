@@ -9,14 +9,14 @@
 //! between NVIDIA's GPU and PoCL's CPU are shown on the accelerator machine
 //! (docs/benchmarks.md).
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crane_control::{Mode, Request, Response, call, socket_path};
 
 mod common;
 use common::proxy::{Proxy, wait_socket};
-use common::{Rng, apps, finishes, library, long_enough, native, result_line, scratch};
+use common::{Rng, finishes, long_enough, native, result_line, scratch, under_crane};
 
 /// Both of PoCL's CPU drivers, so that a process has two devices to move between.
 const BOTH: (&str, &str) = ("POCL_DEVICES", "basic pthread");
@@ -29,10 +29,7 @@ fn local_on(device: &str) -> Request {
 }
 
 fn start(app: &str, iters: &str, run_dir: &std::path::Path) -> Child {
-    Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", run_dir)
+    under_crane(app, iters, run_dir)
         .env(BOTH.0, BOTH.1)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -6,14 +6,14 @@
 //! of an application that changes nothing leaves its suspend nothing to read.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crane_control::{Request, Response, call, socket_path};
 
 mod common;
 use common::proxy::wait_socket;
-use common::{Rng, apps, finishes, library, long_enough, result_line, scratch};
+use common::{Rng, finishes, long_enough, result_line, scratch, under_crane};
 
 fn ask(sock: &std::path::Path, req: &Request) -> Option<Response> {
     call(sock, req, Duration::from_secs(60)).ok()
@@ -33,10 +33,7 @@ fn phase_bytes(r: &Response, name: &str) -> u64 {
 /// by a suspend.
 fn precopied(app: &str, iters: &str, seed: u64) -> (String, usize) {
     let dir = scratch(&format!("precopy-{app}-{seed:x}"));
-    let child = Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", dir.path())
+    let child = under_crane(app, iters, dir.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -115,10 +112,7 @@ precopy_test!(multictx, "2000");
 fn a_precopied_idle_application_leaves_its_suspend_nothing_to_read() {
     let dir = scratch("precopy-held");
     let release = dir.path().join("release");
-    let child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "600"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", dir.path())
+    let child = under_crane("pingpong", "600", dir.path())
         .env("TESTAPP_HOLD", &release)
         // Host writes are not kept in RAM: every buffer must come from the device.
         .env("CRANE_WRITE_CACHE", "0")
@@ -169,10 +163,7 @@ fn a_precopied_idle_application_leaves_its_suspend_nothing_to_read() {
 fn precopy_is_refused_while_suspended() {
     let dir = scratch("precopy-suspended");
     let release = dir.path().join("release");
-    let mut child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "6000"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", dir.path())
+    let mut child = under_crane("pingpong", "6000", dir.path())
         .env("TESTAPP_HOLD", &release)
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -11,7 +11,9 @@ use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
 use common::proxy::{Proxy, wait_socket};
-use common::{Rng, apps, finishes, library, long_enough, native, result_line, scratch};
+use common::{
+    Rng, apps, finishes, library, long_enough, native, result_line, scratch, under_crane,
+};
 
 fn remote(proxy: &str, token: &str) -> Request {
     Request::Remote {
@@ -32,10 +34,7 @@ struct Switched {
 fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> Switched {
     let scratch = scratch(&format!("remote-{app}-{seed:x}"));
     let run_dir = scratch.path();
-    let child = Command::new(apps().join(app))
-        .args(["--iters", iters])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", run_dir)
+    let child = under_crane(app, iters, run_dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -157,10 +156,7 @@ fn starts_remote_then_goes_local() {
     let scratch = scratch("remote-start");
     let run_dir = scratch.path();
     let release = hold_file(run_dir);
-    let child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "20000"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", run_dir)
+    let child = under_crane("pingpong", "20000", run_dir)
         .env("CRANE_MODE", "remote")
         .env("CRANE_PROXY", &proxy.addr)
         .env("CRANE_PROXY_TOKEN", "abc")
@@ -291,10 +287,7 @@ impl Held {
     fn start(iters: &str) -> Held {
         let dir = scratch("remote-held");
         let release = hold_file(dir.path());
-        let child = Command::new(apps().join("pingpong"))
-            .args(["--iters", iters])
-            .env("LD_PRELOAD", library())
-            .env("CRANE_RUN_DIR", dir.path())
+        let child = under_crane("pingpong", iters, dir.path())
             .env("TESTAPP_HOLD", &release)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -464,10 +457,7 @@ fn dead_proxy_fails_calls_quickly() {
     let mut proxy = Proxy::start("dies", true, &[("k", "t")]);
     let scratch = scratch("remote-dies");
     let run_dir = scratch.path();
-    let child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "100000000"])
-        .env("LD_PRELOAD", library())
-        .env("CRANE_RUN_DIR", run_dir)
+    let child = under_crane("pingpong", "100000000", run_dir)
         .env("CRANE_MODE", "remote")
         .env("CRANE_PROXY", &proxy.addr)
         .env("CRANE_PROXY_TOKEN", "k")

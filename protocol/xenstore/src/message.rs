@@ -77,17 +77,39 @@ pub struct ResumeTarget {
     pub no_gpu: bool,
 }
 
+/// Whether `v` is 1 to `max` bytes, each ASCII alphanumeric or in `extra`.
+fn of_charset(v: &str, max: usize, extra: &[u8]) -> bool {
+    !v.is_empty()
+        && v.len() <= max
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || extra.contains(&b))
+}
+
+impl ResumeTarget {
+    /// No GPU attached: the processes go to the guest's CPU device.
+    pub fn cpu_without_gpu() -> ResumeTarget {
+        ResumeTarget {
+            device: Some("cpu".into()),
+            no_gpu: true,
+        }
+    }
+
+    /// A GPU again: the processes go back onto the devices they started on.
+    pub fn home() -> ResumeTarget {
+        ResumeTarget {
+            device: Some("home".into()),
+            no_gpu: false,
+        }
+    }
+}
+
 /// Longest device spec in a request.
 pub const MAX_DEVICE_SPEC_LEN: usize = 64;
 
 /// Checks a device spec: 1 to 64 characters of `[A-Za-z0-9._:+-]` (a
 /// request's fields are separated by spaces).
 pub fn validate_device(d: &str) -> Result<(), ValueError> {
-    let ok = !d.is_empty()
-        && d.len() <= MAX_DEVICE_SPEC_LEN
-        && d.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:+-".contains(&b));
-    if ok {
+    if of_charset(d, MAX_DEVICE_SPEC_LEN, b"._:+-") {
         Ok(())
     } else {
         Err(bad_value(
@@ -160,11 +182,7 @@ pub fn validate_proxy(p: &str) -> Result<(), ValueError> {
 
 /// Checks a session token: 1 to 256 characters of `[A-Za-z0-9._~+/=-]`.
 pub fn validate_token(t: &str) -> Result<(), ValueError> {
-    let ok = !t.is_empty()
-        && t.len() <= MAX_TOKEN_LEN
-        && t.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._~+/=-".contains(&b));
-    if ok {
+    if of_charset(t, MAX_TOKEN_LEN, b"._~+/=-") {
         Ok(())
     } else {
         Err(bad_value(

@@ -91,6 +91,16 @@ pub fn result_line(out: &[u8]) -> String {
         .to_string()
 }
 
+/// `app --iters ITERS` preloaded with crane, its control socket under
+/// `run_dir`; the caller adds its environment and standard streams.
+pub fn under_crane(app: &str, iters: &str, run_dir: &Path) -> Command {
+    let mut c = Command::new(apps().join(app));
+    c.args(["--iters", iters])
+        .env("LD_PRELOAD", library())
+        .env("CRANE_RUN_DIR", run_dir);
+    c
+}
+
 /// The RESULT line of an uninterrupted native run.
 pub fn native(app: &str, iters: &str) -> String {
     let out = Command::new(apps().join(app))
