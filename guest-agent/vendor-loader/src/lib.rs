@@ -23,9 +23,12 @@
 //! * [`device_residue`] and [`vendor_threads_alive`] tell at any time what
 //!   still pins a device.
 //!
-//! One vendor library can be open at a time. The rest of the process is
-//! left alone: only objects that appeared because of the vendor are patched
-//! or force-closed.
+//! Several vendor libraries may be open at once (a machine with NVIDIA's GPU
+//! and PoCL's CPU device shows both platforms); they are tracked as one group
+//! and closed together with [`VendorLibrary::close_all`], since what one
+//! vendor left behind cannot always be told from what another still uses.
+//! The rest of the process is left alone: only objects that appeared because
+//! of the vendors are patched or force-closed.
 //!
 //! Known limits: threads or libraries that a library's *constructor* starts
 //! or opens during the very first `dlopen` run before the redirection exists
@@ -57,8 +60,8 @@ use objects::ObjectId;
 /// Failures of [`VendorLibrary::open`].
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("The vendor library {open} is still loaded; close it before loading {requested}.")]
-    AlreadyOpen { open: PathBuf, requested: PathBuf },
+    #[error("The vendor library {0} is open already.")]
+    AlreadyOpen(PathBuf),
     #[error("The path {0} contains a NUL byte, so dlopen cannot be given it.")]
     PathContainsNul(PathBuf),
     #[error("dlopen could not load {path}: {message}.")]
@@ -70,6 +73,8 @@ pub enum LoadError {
 /// Failures of [`VendorLibrary::close`].
 #[derive(Debug, thiserror::Error)]
 pub enum UnloadError {
+    #[error("The vendor libraries {} are open too; they are closed together with these.", open.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))]
+    OthersOpen { open: Vec<PathBuf> },
     #[error("dlclose of the vendor library {path} failed: {message}.")]
     VendorClose { path: PathBuf, message: String },
     #[error("The descriptor table /proc/self/fd could not be read.")]
@@ -127,17 +132,14 @@ impl VendorLibrary {
     pub fn open(path: &Path) -> Result<VendorLibrary, LoadError> {
         {
             let mut tracker = tracker::lock();
-            if let Some(open) = &tracker.open_vendor {
-                return Err(LoadError::AlreadyOpen {
-                    open: open.clone(),
-                    requested: path.to_path_buf(),
-                });
+            if tracker.open_vendors.iter().any(|p| p == path) {
+                return Err(LoadError::AlreadyOpen(path.to_path_buf()));
             }
-            tracker.open_vendor = Some(path.to_path_buf());
+            tracker.open_vendors.push(path.to_path_buf());
         }
         let opened = Self::load(path);
         if opened.is_err() {
-            tracker::lock().open_vendor = None;
+            forget_open(path);
         }
         opened
     }
@@ -203,18 +205,61 @@ impl VendorLibrary {
     /// [`UnloadReport`] for what is reported. Every OpenCL object of the
     /// vendor must have been released, and no pointer into the vendor may
     /// be used afterwards.
-    pub fn close(mut self, policy: &DevicePolicy) -> Result<UnloadReport, UnloadError> {
-        self.closed = true;
-        let result = unload::unload(
-            self.handle,
-            &self.path,
-            &self.object,
-            &self.loaded_before,
-            policy,
-        );
-        tracker::lock().open_vendor = None;
+    pub fn close(self, policy: &DevicePolicy) -> Result<UnloadReport, UnloadError> {
+        Self::close_all(vec![self], policy)
+    }
+
+    /// Unloads every open vendor library, latest first, then everything they
+    /// left behind, as [`close`](Self::close) does for one. `libs` must be
+    /// all the open vendor libraries (else nothing is closed: what the others
+    /// use could not be told apart). A vendor that stays mapped after its
+    /// `dlclose` (PoCL, whose LLVM is NODELETE) keeps what it can reach: its
+    /// dependencies and what it opened stay; what the other vendors left is
+    /// closed.
+    pub fn close_all(
+        mut libs: Vec<VendorLibrary>,
+        policy: &DevicePolicy,
+    ) -> Result<UnloadReport, UnloadError> {
+        {
+            let tracker = tracker::lock();
+            let others: Vec<PathBuf> = tracker
+                .open_vendors
+                .iter()
+                .filter(|p| !libs.iter().any(|l| &l.path == *p))
+                .cloned()
+                .collect();
+            if !others.is_empty() {
+                return Err(UnloadError::OthersOpen { open: others });
+            }
+        }
+        let loaded_before: HashSet<ObjectId> = libs
+            .iter()
+            .min_by_key(|l| l.loaded_before.len())
+            .map(|l| l.loaded_before.clone())
+            .unwrap_or_default();
+        // Latest first, as a process would close them.
+        libs.reverse();
+        let vendors: Vec<unload::Opened> = libs
+            .iter_mut()
+            .map(|l| {
+                l.closed = true;
+                unload::Opened {
+                    handle: l.handle,
+                    path: l.path.clone(),
+                    object: l.object.clone(),
+                }
+            })
+            .collect();
+        let result = unload::unload(&vendors, &loaded_before, policy);
+        for l in &libs {
+            forget_open(&l.path);
+        }
         result
     }
+}
+
+fn forget_open(path: &Path) {
+    tracker::lock().open_vendors.retain(|p| p != path);
 }
 
 impl Drop for VendorLibrary {
@@ -224,7 +269,7 @@ impl Drop for VendorLibrary {
                 "{} was dropped without close; it stays loaded.",
                 self.path.display()
             );
-            tracker::lock().open_vendor = None;
+            forget_open(&self.path);
         }
     }
 }

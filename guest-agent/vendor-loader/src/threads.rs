@@ -103,12 +103,16 @@ pub fn vendor_threads_alive() -> Vec<VendorThread> {
     alive
 }
 
-/// Waits until no vendor thread runs or `timeout` has passed; returns those
-/// still running.
-pub(crate) fn wait_for_vendor_threads(timeout: Duration) -> Vec<VendorThread> {
+/// Waits until no vendor thread runs, but those `ignore` names, or `timeout`
+/// has passed; returns those still running.
+pub(crate) fn wait_for_vendor_threads(
+    timeout: Duration,
+    ignore: impl Fn(&VendorThread) -> bool,
+) -> Vec<VendorThread> {
     let deadline = Instant::now() + timeout;
     loop {
-        let alive = vendor_threads_alive();
+        let mut alive = vendor_threads_alive();
+        alive.retain(|t| !ignore(t));
         if alive.is_empty() || Instant::now() >= deadline {
             return alive;
         }

@@ -55,8 +55,9 @@ pub(crate) struct Task {
 
 #[derive(Debug)]
 pub(crate) struct Tracker {
-    /// The path of the vendor library currently open, if any.
-    pub open_vendor: Option<PathBuf>,
+    /// The paths of the vendor libraries open now, in the order they were
+    /// opened (they are tracked, and closed, together).
+    pub open_vendors: Vec<PathBuf>,
     /// The objects that came with or from the vendor (loaded with it or
     /// through its `dlopen`), in the order they appeared.
     pub objects: Vec<ObjectId>,
@@ -66,7 +67,7 @@ pub(crate) struct Tracker {
 }
 
 static TRACKER: Mutex<Tracker> = Mutex::new(Tracker {
-    open_vendor: None,
+    open_vendors: Vec::new(),
     objects: Vec::new(),
     handles: Vec::new(),
     threads: Vec::new(),

@@ -6,7 +6,7 @@ use std::ffi::{CString, c_void};
 use std::fmt;
 use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,10 @@ const MAX_LEAKED_REFERENCES: usize = 16;
 /// What [`crate::VendorLibrary::close`] did, and what stays.
 #[derive(Debug, Clone)]
 pub struct UnloadReport {
-    /// The vendor library that was closed.
+    /// The vendor library that was closed (the first opened of several).
     pub vendor: PathBuf,
+    /// Every vendor library closed, in the order they were opened.
+    pub vendors: Vec<PathBuf>,
     /// Libraries that came with or from the vendor and are unmapped now.
     pub libraries_closed: Vec<PathBuf>,
     /// Libraries that came with or from the vendor and are still mapped.
@@ -131,7 +133,13 @@ fn handle_of(entry: &HandleEntry) -> *mut c_void {
 
 /// Closes, latest first, the handles the vendor closed itself and those it
 /// left open whose opener is gone, until no more can be closed.
-fn close_vendor_handles(report: &mut UnloadReport, failures: &mut HashMap<ObjectId, String>) {
+/// Handles opened from `keep` (what a vendor that stays mapped can reach)
+/// stay open.
+fn close_vendor_handles(
+    report: &mut UnloadReport,
+    failures: &mut HashMap<ObjectId, String>,
+    keep: &HashSet<ObjectId>,
+) {
     'rescan: loop {
         let entries = tracker::lock().handles.clone();
         let loaded = objects::loaded_ids();
@@ -141,7 +149,15 @@ fn close_vendor_handles(report: &mut UnloadReport, failures: &mut HashMap<Object
                 .opener
                 .as_ref()
                 .is_none_or(|opener| *opener == entry.target || !loaded.contains(opener));
+            // A vendor that stays mapped may still use what it opened (its
+            // own closes are held back too); what a gone vendor opened is
+            // closed, which leaves any reference of the mapped one in place.
+            let kept = match &entry.opener {
+                Some(opener) => keep.contains(opener),
+                None => keep.contains(&entry.target),
+            };
             if !loaded.contains(&entry.target)
+                || kept
                 || !(entry.closed_by_vendor || opener_gone)
                 || running.contains_key(&entry.target)
             {
@@ -335,17 +351,70 @@ fn reasons(
     reasons
 }
 
+/// One vendor library of the group being closed.
+pub(crate) struct Opened {
+    pub handle: NonNull<c_void>,
+    pub path: PathBuf,
+    pub object: ObjectId,
+}
+
+/// What a vendor that stays mapped can still reach: the vendors themselves,
+/// the libraries they (transitively) need, and what those opened and have not
+/// closed. Nothing of it may be closed behind their back.
+fn reachable_from(
+    mapped: &[ObjectId],
+    attributed: &[ObjectId],
+    handles: &[HandleEntry],
+) -> HashSet<ObjectId> {
+    let loaded = objects::loaded_ids();
+    let live: HashSet<ObjectId> = attributed
+        .iter()
+        .filter(|id| loaded.contains(id))
+        .cloned()
+        .collect();
+    let facts = objects::facts(&live);
+    let mut reach: HashSet<ObjectId> = mapped.iter().cloned().collect();
+    loop {
+        let before = reach.len();
+        let mut more = Vec::new();
+        for f in facts.iter().filter(|f| reach.contains(&f.id)) {
+            for other in &facts {
+                let name = other
+                    .id
+                    .path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned());
+                if f.needed
+                    .iter()
+                    .any(|n| Some(n) == other.soname.as_ref() || Some(n) == name.as_ref())
+                {
+                    more.push(other.id.clone());
+                }
+            }
+        }
+        for h in handles {
+            if h.opener.as_ref().is_some_and(|o| reach.contains(o)) {
+                more.push(h.target.clone());
+            }
+        }
+        reach.extend(more);
+        if reach.len() == before {
+            return reach;
+        }
+    }
+}
+
 pub(crate) fn unload(
-    handle: NonNull<c_void>,
-    path: &Path,
-    vendor: &ObjectId,
+    vendors: &[Opened],
     loaded_before: &HashSet<ObjectId>,
     policy: &DevicePolicy,
 ) -> Result<UnloadReport, UnloadError> {
     let started = Instant::now();
     let mut attributed: Vec<ObjectId> = tracker::lock().objects.clone();
-    if !attributed.contains(vendor) {
-        attributed.push(vendor.clone());
+    for v in vendors {
+        if !attributed.contains(&v.object) {
+            attributed.push(v.object.clone());
+        }
     }
     let opened_nodelete: HashSet<ObjectId> = tracker::lock()
         .handles
@@ -356,33 +425,46 @@ pub(crate) fn unload(
 
     let trace = Trace::new(started, &attributed);
     trace.point("before the vendor's dlclose");
-    // Threads the vendor started and never stops must end before glibc
-    // unmaps it (termination.rs); when it is not unmapped, they live on.
-    let hooked =
-        termination::needed(vendor) && termination::arm(vendor, policy.thread_exit_timeout);
-    // SAFETY: the handle from open, closed exactly once (close consumes the
-    // VendorLibrary); the caller has released every object of the vendor.
-    if unsafe { libc::dlclose(handle.as_ptr()) } != 0 {
-        return Err(UnloadError::VendorClose {
-            path: path.to_path_buf(),
-            message: dl_error(),
-        });
-    }
-    let outcome = if hooked {
-        termination::disarm()
-    } else {
-        termination::Outcome::default()
-    };
-    if trace.on && hooked {
-        eprintln!(
-            "crane-unload-trace termination hook: fired {}, cancelled {:?}, still running {:?}",
-            outcome.fired, outcome.cancelled, outcome.still_running
-        );
+    let mut cancelled = Vec::new();
+    for v in vendors {
+        // Threads the vendor started and never stops must end before glibc
+        // unmaps it (termination.rs); when it is not unmapped, they live on.
+        let hooked = termination::needed(&v.object)
+            && termination::arm(&v.object, policy.thread_exit_timeout);
+        // SAFETY: the handle from open, closed exactly once (closing consumes
+        // the VendorLibrary); the caller has released every object of it.
+        if unsafe { libc::dlclose(v.handle.as_ptr()) } != 0 {
+            if hooked {
+                termination::disarm();
+            }
+            return Err(UnloadError::VendorClose {
+                path: v.path.clone(),
+                message: dl_error(),
+            });
+        }
+        let outcome = if hooked {
+            termination::disarm()
+        } else {
+            termination::Outcome::default()
+        };
+        if trace.on && hooked {
+            eprintln!(
+                "crane-unload-trace termination hook of {}: fired {}, cancelled {:?}, still running {:?}",
+                v.path.display(),
+                outcome.fired,
+                outcome.cancelled,
+                outcome.still_running
+            );
+        }
+        cancelled.extend(outcome.cancelled);
     }
     trace.point("after the vendor's dlclose");
+    let path = vendors.last().map_or_else(PathBuf::new, |v| v.path.clone());
+    let path = path.as_path();
 
     let mut report = UnloadReport {
         vendor: path.to_path_buf(),
+        vendors: vendors.iter().rev().map(|v| v.path.clone()).collect(),
         libraries_closed: Vec::new(),
         libraries_still_mapped: Vec::new(),
         libraries_loaded_untracked: Vec::new(),
@@ -391,17 +473,32 @@ pub(crate) fn unload(
         references_dropped: Vec::new(),
         device_fds_closed: Vec::new(),
         device_mappings_unmapped: Vec::new(),
-        vendor_threads_cancelled: outcome.cancelled,
+        vendor_threads_cancelled: cancelled,
         vendor_threads_alive: Vec::new(),
         elapsed: Duration::ZERO,
     };
     let mut failures = HashMap::new();
-    let vendor_gone = !is_loaded(vendor);
-    if vendor_gone {
+    let mapped: Vec<ObjectId> = vendors
+        .iter()
+        .filter(|v| is_loaded(&v.object))
+        .map(|v| v.object.clone())
+        .collect();
+    if mapped.len() < vendors.len() {
+        // What a vendor that stays mapped can reach is its own (none when all
+        // are gone).
+        let keep = if mapped.is_empty() {
+            HashSet::new()
+        } else {
+            reachable_from(&mapped, &attributed, &tracker::lock().handles)
+        };
         // Threads the vendor stopped in its destructors may need a moment to
         // leave code that is about to be unmapped.
-        threads::wait_for_vendor_threads(policy.thread_exit_timeout);
-        close_vendor_handles(&mut report, &mut failures);
+        // Those of a vendor that stays mapped may run on: not waited for.
+        let kept: HashSet<&std::path::Path> = keep.iter().map(|id| id.path.as_path()).collect();
+        threads::wait_for_vendor_threads(policy.thread_exit_timeout, |t| {
+            t.start_library.as_deref().is_some_and(|p| kept.contains(p))
+        });
+        close_vendor_handles(&mut report, &mut failures, &keep);
         let running = objects_running_threads();
         let held: HashSet<ObjectId> = tracker::lock()
             .handles
@@ -423,6 +520,7 @@ pub(crate) fn unload(
             .collect();
         for id in attributed.iter().rev() {
             let pinned = opened_nodelete.contains(id)
+                || keep.contains(id)
                 || nodelete.contains(id)
                 || held.contains(id)
                 || running.contains_key(id)
@@ -433,8 +531,12 @@ pub(crate) fn unload(
         }
     } else {
         log::info!(
-            "{} stays mapped after dlclose; what it opened stays open.",
-            path.display()
+            "{} stay mapped after dlclose; what they opened stays open.",
+            vendors
+                .iter()
+                .map(|v| v.path.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
 

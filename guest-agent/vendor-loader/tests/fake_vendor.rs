@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::{FakeDevice, fixtures, in_own_process};
 use crane_vendor_loader::{
-    DevicePolicy, LoadError, RetainReason, VendorLibrary, VendorThread, device_residue,
-    vendor_threads_alive,
+    DevicePolicy, LoadError, RetainReason, UnloadError, VendorLibrary, VendorThread,
+    device_residue, vendor_threads_alive,
 };
 
 type StartFn = Option<unsafe extern "C" fn(*const c_char, *const c_char) -> i32>;
@@ -386,9 +386,9 @@ fn a_vendor_that_stays_mapped_keeps_what_it_opened() {
 }
 
 #[test]
-fn one_vendor_at_a_time_and_load_failures_are_reported() {
+fn load_failures_and_a_vendor_opened_twice_are_reported() {
     let fixtures = fixtures();
-    if in_own_process("one_vendor_at_a_time_and_load_failures_are_reported", &[]) {
+    if in_own_process("load_failures_and_a_vendor_opened_twice_are_reported", &[]) {
         return;
     }
     let missing = fixtures.dir.join("libmissing.so");
@@ -400,18 +400,87 @@ fn one_vendor_at_a_time_and_load_failures_are_reported() {
         other => panic!("expected a dlopen failure, got {other:?}"),
     }
     let library = VendorLibrary::open(&fixtures.vendor).unwrap();
-    match VendorLibrary::open(&fixtures.pinned_vendor) {
-        Err(LoadError::AlreadyOpen { open, requested }) => {
-            assert_eq!(
-                (open, requested),
-                (fixtures.vendor.clone(), fixtures.pinned_vendor.clone())
-            );
-        }
+    match VendorLibrary::open(&fixtures.vendor) {
+        Err(LoadError::AlreadyOpen(path)) => assert_eq!(path, fixtures.vendor),
         other => panic!("expected AlreadyOpen, got {other:?}"),
     }
-    library.close(&DevicePolicy::default()).unwrap();
-    VendorLibrary::open(&fixtures.pinned_vendor)
-        .expect("after close another vendor loads")
-        .close(&DevicePolicy::default())
-        .unwrap();
+    // Another vendor opens beside it; closing only one of them is refused
+    // (what the other still uses could not be told apart), and that one
+    // stays loaded, untracked.
+    let other = VendorLibrary::open(&fixtures.pinned_vendor).unwrap();
+    match library.close(&DevicePolicy::default()) {
+        Err(UnloadError::OthersOpen { open }) => {
+            assert_eq!(open, vec![fixtures.pinned_vendor.clone()]);
+        }
+        other => panic!("expected OthersOpen, got {other:?}"),
+    }
+    assert!(is_loaded(&fixtures.vendor));
+    other.close(&DevicePolicy::default()).unwrap();
+}
+
+/// Two vendors open at once (NVIDIA's GPU and PoCL's CPU on one machine),
+/// closed together: what the vendor that unloads left behind is closed,
+/// device included, while the vendor that stays mapped (NODELETE, as PoCL's
+/// LLVM makes it) keeps what it can still reach.
+#[test]
+fn two_vendors_open_together_are_closed_together() {
+    let fixtures = fixtures();
+    if in_own_process("two_vendors_open_together_are_closed_together", &[]) {
+        return;
+    }
+    let device = FakeDevice::new("two");
+    let policy = policy(&device, Duration::from_millis(200));
+    {
+        let round = 0;
+        let first = open_and_start(&fixtures.vendor, &device);
+        let second = open_and_start(&fixtures.pinned_vendor, &device);
+        let residue = device_residue(&policy).unwrap();
+        assert_eq!(
+            (residue.fds.len(), residue.mappings.len()),
+            (4, 2),
+            "round {round}: {residue:?}"
+        );
+        wait_for_vendor_threads(2);
+        release(&first);
+        release(&second);
+
+        let report = VendorLibrary::close_all(vec![first, second], &policy).unwrap();
+
+        assert_eq!(
+            report.vendors,
+            vec![fixtures.vendor.clone(), fixtures.pinned_vendor.clone()]
+        );
+        assert!(!is_loaded(&fixtures.vendor), "round {round}: {report:#?}");
+        assert!(is_loaded(&fixtures.pinned_vendor));
+        // The helper both opened stays: the mapped vendor may still use it
+        // (its own close is held back); the handles of the vendor that is
+        // gone are closed.
+        assert!(is_loaded(&fixtures.helper));
+        assert!(
+            report
+                .libraries_still_mapped
+                .iter()
+                .any(|l| l.path == fixtures.helper
+                    && l.reasons == vec![RetainReason::ClosedByMappedVendor]),
+            "{report:#?}"
+        );
+        let closed: Vec<&PathBuf> = report
+            .handles_closed_by_vendor
+            .iter()
+            .chain(&report.handles_closed_for_vendor)
+            .collect();
+        assert_eq!(closed, vec![&fixtures.helper; 2], "{report:#?}");
+        // The device is free all the same, and the unloaded vendor's
+        // thread is gone (the mapped vendor's worker runs on: reported).
+        assert_eq!(report.device_fds_closed.len(), 4, "{report:#?}");
+        assert_eq!(report.device_mappings_unmapped.len(), 2, "{report:#?}");
+        assert!(device_residue(&policy).unwrap().is_empty());
+        assert!(
+            report
+                .vendor_threads_alive
+                .iter()
+                .all(|t| t.start_library.as_ref() == Some(&fixtures.pinned_vendor)),
+            "{report:#?}"
+        );
+    }
 }
