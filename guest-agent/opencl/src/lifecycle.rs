@@ -346,6 +346,7 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
     save_events();
     for p in handle::live::<Program>() {
         program::save_compiled(&p);
+        program::save_executable(&p);
     }
     Ok(())
 }
@@ -916,16 +917,51 @@ fn release_all() {
     give_back(take_vendor_objects());
 }
 
-/// Asks each platform to drop its compiler and, on PoCL with
-/// POCL_ENABLE_UNINIT=1, to join its worker threads (see
-/// `config::prepare_pocl`), once no objects are left.
+/// Asks each platform to drop its compiler, once no objects are left, where
+/// that is safe and worth it (see [`unloads_compiler`]).
 fn unload_compilers() {
+    let used = vendor::used_roots();
     let platforms: Vec<*mut c_void> = vendor::platforms()
         .unwrap_or_default()
         .iter()
+        .filter(|p| {
+            let version = vendor::info_string(p.base.vendor(), |d| {
+                d.clGetPlatformInfo.map(|f| (f, CL_PLATFORM_VERSION))
+            })
+            .unwrap_or_default();
+            // A process that made no context anywhere yet counts as using
+            // every platform: PoCL's workers started when it listed devices.
+            let mine = used.is_empty() || used.iter().any(|d| Arc::ptr_eq(&d.platform, p));
+            unloads_compiler(&version, mine)
+        })
         .map(|p| p.base.vendor())
         .collect();
     unload_compilers_of(&platforms);
+}
+
+/// Whether to call clUnloadPlatformCompiler on a platform of this
+/// `CL_PLATFORM_VERSION` that the process did (`used`) or did not make
+/// contexts on. PoCL answers it, with POCL_ENABLE_UNINIT=1 (`on_load`), by
+/// un-initialising its devices, which joins its worker threads: PoCL 3 sleeps
+/// 100 ms first, and PoCL 4 and later also shut LLVM down, after which PoCL 5
+/// can no longer make a context in the process (an assertion in
+/// pocl_setup_context aborts it, seen on Ubuntu 24.04's PoCL 5.0 at the
+/// second move onto its CPU device). So PoCL's compiler is unloaded only on
+/// PoCL 3 and older, and only where the process used it, or used no platform
+/// yet (a platform merely listed beside the GPU it runs on does not cost
+/// every suspend 100 ms); its workers otherwise stay (PoCL stays mapped
+/// anyway and holds no device).
+fn unloads_compiler(version: &str, used: bool) -> bool {
+    let Some(rest) = version.split("PoCL ").nth(1) else {
+        return true;
+    };
+    let major: u32 = rest
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or(u32::MAX);
+    used && major < 4
 }
 
 fn unload_compilers_of(platforms: &[*mut c_void]) {
@@ -1044,7 +1080,8 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         return Err(give_up(broken().unwrap_or(why)));
     }
     let (mut bytes, mut inject) = (0u64, Duration::ZERO);
-    if let Err(e) = recreate(&mut bytes, &mut inject, !moved.is_empty()) {
+    let mut programs = ProgramStats::default();
+    if let Err(e) = recreate(&mut bytes, &mut inject, &mut programs, !moved.is_empty()) {
         return Err(failed("recreating the objects", e));
     }
     if let Some(s) = vendor::remote_session() {
@@ -1062,7 +1099,15 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     }
     tm.lap("recreate", 0);
     let rec = tm.phases.last_mut().expect("just pushed");
-    rec.ms -= inject.as_secs_f64() * 1e3;
+    rec.ms -= (inject + programs.time).as_secs_f64() * 1e3;
+    // Programs, apart: compiled again, or made from the executables kept at
+    // suspend (their bytes).
+    tm.phases.push(Phase {
+        name: "programs".into(),
+        ms: programs.time.as_secs_f64() * 1e3,
+        bytes: programs.reused_bytes,
+        parallel: false,
+    });
     tm.phases.push(Phase {
         name: "reinject".into(),
         ms: inject.as_secs_f64() * 1e3,
@@ -1073,7 +1118,20 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     Ok(tm.phases)
 }
 
-fn recreate(reinjected: &mut u64, reinject_time: &mut Duration, moved: bool) -> ClResult<()> {
+/// What making the programs again cost, and how much of it came from kept
+/// executables.
+#[derive(Default)]
+struct ProgramStats {
+    time: Duration,
+    reused_bytes: u64,
+}
+
+fn recreate(
+    reinjected: &mut u64,
+    reinject_time: &mut Duration,
+    programs: &mut ProgramStats,
+    moved: bool,
+) -> ClResult<()> {
     // Sub-devices, parents first (slot order is creation order for a chain).
     for d in handle::live::<Device>() {
         let Some(parent) = &d.parent else { continue };
@@ -1103,7 +1161,7 @@ fn recreate(reinjected: &mut u64, reinject_time: &mut Duration, moved: bool) -> 
     inject.finish();
     *reinject_time += t.elapsed();
     r?;
-    recreate_rest(moved)
+    recreate_rest(moved, programs)
 }
 
 /// Buffers re-injected by writes from their pinned RAM copies, completed
@@ -1239,11 +1297,12 @@ fn recreate_mems(
     Ok(())
 }
 
-fn recreate_rest(moved: bool) -> ClResult<()> {
+fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
     for s in handle::live::<Sampler>() {
         s.base.set_vendor(api::sampler::vendor_create(&s)?);
     }
     // Programs: plain ones, then linked ones (their inputs exist by then).
+    let started = Instant::now();
     let progs = handle::live::<Program>();
     for linked in [false, true] {
         for p in &progs {
@@ -1261,6 +1320,13 @@ fn recreate_rest(moved: bool) -> ClResult<()> {
                 && let Some(v) = program::vendor_create_compiled(p)
             {
                 p.base.set_vendor(v);
+                continue;
+            }
+            // Built on the same devices and drivers before: made from the
+            // executable kept at suspend, without the compiler.
+            if let Some((v, n)) = program::vendor_create_executable(p) {
+                p.base.set_vendor(v);
+                stats.reused_bytes += n;
                 continue;
             }
             let v = program::vendor_create(p)?;
@@ -1288,6 +1354,7 @@ fn recreate_rest(moved: bool) -> ClResult<()> {
             }
         }
     }
+    stats.time = started.elapsed();
     for k in handle::live::<Kernel>() {
         let vp = k.program.base.vendor();
         let mut err = CL_SUCCESS;
@@ -1612,5 +1679,22 @@ pub fn status_busy() -> crane_control::AppStatus {
             .collect(),
         devices: Vec::new(),
         busy: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unloads_compiler;
+
+    #[test]
+    fn pocl_compilers_are_unloaded_only_on_pocl_3_and_only_where_used() {
+        let pocl3 = "OpenCL 3.0 PoCL 3.1+debian  Linux, None+Asserts, RELOC, LLVM 15.0.6, SLEEF, DISTRO, POCL_DEBUG";
+        let pocl5 = "OpenCL 3.0 PoCL 5.0+debian  Linux, None+Asserts, RELOC, SPIR, LLVM 16.0.6";
+        assert!(unloads_compiler(pocl3, true));
+        assert!(!unloads_compiler(pocl3, false));
+        assert!(!unloads_compiler(pocl5, true));
+        assert!(!unloads_compiler("OpenCL 3.0 PoCL garbage", true));
+        assert!(unloads_compiler("OpenCL 3.0 CUDA 13.0.96", false));
+        assert!(unloads_compiler("", true));
     }
 }

@@ -887,17 +887,7 @@ impl Detached {
                 remote::release(v);
             }
         }
-        self.loaded
-            .into_iter()
-            .flatten()
-            .filter_map(|l| match l.backend {
-                Backend::Native(lib) => Some(lib.close(policy).map_err(|e| e.to_string())),
-                Backend::Remote(s) => {
-                    s.close();
-                    None
-                }
-            })
-            .collect()
+        close_libraries(self.loaded, policy)
     }
 }
 
@@ -908,16 +898,30 @@ fn describe(t: &Target) -> String {
     }
 }
 
-/// Gives back what a failed `load` opened.
-fn close_all(loaded: Vec<Option<Loaded>>) {
+/// Ends remote sessions and unloads the vendor libraries, all of them
+/// together (crane_vendor_loader tracks the vendors of a process as one
+/// group: what one left behind cannot always be told from what another
+/// uses); one report for the group.
+fn close_libraries(
+    loaded: Vec<Option<Loaded>>,
+    policy: &DevicePolicy,
+) -> Vec<Result<UnloadReport, String>> {
+    let mut libs = Vec::new();
     for l in loaded.into_iter().flatten() {
         match l.backend {
-            Backend::Native(lib) => {
-                let _ = lib.close(&DevicePolicy::default());
-            }
+            Backend::Native(lib) => libs.push(lib),
             Backend::Remote(s) => s.close(),
         }
     }
+    if libs.is_empty() {
+        return Vec::new();
+    }
+    vec![VendorLibrary::close_all(libs, policy).map_err(|e| e.to_string())]
+}
+
+/// Gives back what a failed `load` opened.
+fn close_all(loaded: Vec<Option<Loaded>>) {
+    let _ = close_libraries(loaded, &DevicePolicy::default());
 }
 
 /// The session with crane-proxy, while remoting.
