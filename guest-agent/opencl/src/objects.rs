@@ -351,8 +351,28 @@ pub struct Program {
     /// rather than compiling again, which may not work a second time (the
     /// CTS compiles with `-I DIR` and removes DIR at once).
     pub compiled: Mutex<Option<DeviceBinaries>>,
+    /// The executables of a program built from source or IL, kept at
+    /// suspend, one per set of devices it was built on: a resume onto the
+    /// same devices and drivers makes the program from one rather than
+    /// compiling again.
+    pub executables: Mutex<Vec<Executable>>,
+    /// The vendor program now was made from the latest of `executables`:
+    /// its build log is the one kept with it (a build from a binary logs
+    /// nothing).
+    pub from_executable: AtomicBool,
 }
 cl_object!(Program, Program, clReleaseProgram);
+
+/// A program's built executable, per device, with the identity (platform,
+/// name, driver version) of the device it was built for.
+#[derive(Clone)]
+pub struct Executable {
+    /// How many build steps the program had: a later build makes it stale.
+    pub steps: usize,
+    pub binaries: Vec<(Arc<Device>, DeviceId, Vec<u8>)>,
+    /// The build log of each device, NUL-terminated, as the build gave it.
+    pub logs: Vec<Vec<u8>>,
+}
 
 impl Program {
     pub fn arg_info_hidden(&self) -> bool {

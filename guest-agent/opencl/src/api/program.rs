@@ -41,6 +41,8 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
         arg_info_hidden: AtomicBool::new(false),
         reported_binaries: Mutex::new(None),
         compiled: Mutex::new(None),
+        executables: Mutex::new(Vec::new()),
+        from_executable: AtomicBool::new(false),
     }
 }
 
@@ -90,6 +92,255 @@ pub fn save_compiled(p: &Program) {
         // give it back (PoCL 3.1 does not): the kept one stays.
         Err(e) => crate::config::debug!("the compiled object of a program is not read: {e}"),
     }
+}
+
+/// Suspend: keeps the executable of a program built from source or IL (its
+/// latest step a build that worked on every device), once per build, for
+/// [`vendor_create_executable`]. Anything the vendor does not give leaves
+/// the program to be compiled again.
+pub fn save_executable(p: &Program) {
+    if !matches!(p.source, ProgramSource::Source(_) | ProgramSource::Il(_)) {
+        return;
+    }
+    let steps = {
+        let steps = p.steps.lock().unwrap_or_else(|e| e.into_inner());
+        if !matches!(steps.last(), Some(BuildStep::Build { .. })) {
+            return;
+        }
+        steps.len()
+    };
+    let v = p.base.vendor();
+    let mut kept = p.executables.lock().unwrap_or_else(|e| e.into_inner());
+    // Kept for an older build: of no use any more.
+    kept.retain(|e| e.steps == steps);
+    if v.is_null() || kept.iter().any(is_current) {
+        return;
+    }
+    let saved = (|| -> ClResult<Executable> {
+        let devices = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())?;
+        let bins = vendor_binaries(v)?;
+        let build_info = vfn!(v, clGetProgramBuildInfo)?;
+        let mut binaries = Vec::new();
+        let mut logs = Vec::new();
+        for (vd, bin) in devices.into_iter().zip(bins) {
+            let mut ty: cl_program_binary_type = 0;
+            // SAFETY: one value of the queried type.
+            check(unsafe {
+                build_info(
+                    v.cast(),
+                    vd.cast(),
+                    CL_PROGRAM_BINARY_TYPE,
+                    size_of::<cl_program_binary_type>(),
+                    (&raw mut ty).cast(),
+                    std::ptr::null_mut(),
+                )
+            })?;
+            let dev = p.context.devices.iter().find(|d| d.base.vendor() == vd);
+            match dev {
+                Some(d) if ty == CL_PROGRAM_BINARY_TYPE_EXECUTABLE && !bin.is_empty() => {
+                    let id = d
+                        .root()
+                        .now
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                    binaries.push((d.clone(), id, bin));
+                    logs.push(build_log(v, vd)?);
+                }
+                _ => return Err(CL_INVALID_PROGRAM),
+            }
+        }
+        Ok(Executable {
+            steps,
+            binaries,
+            logs,
+        })
+    })();
+    match saved {
+        Ok(e) => kept.push(e),
+        Err(e) => crate::config::debug!("the executable of a program is not read: {e}"),
+    }
+}
+
+/// Whether an executable is for the devices its program's devices are now.
+fn is_current(e: &Executable) -> bool {
+    e.binaries
+        .iter()
+        .all(|(d, id, _)| *d.root().now.lock().unwrap_or_else(|e| e.into_inner()) == *id)
+}
+
+/// Resume: the program made from the executable [`save_executable`] kept,
+/// when every device it was built for is the same device with the same
+/// driver now and no build came since; built with the options of its last
+/// build (binaries ignore the compiler's). None: it is compiled again from
+/// its source (also when the vendor refuses the binary, or would no longer
+/// report its kernels' argument information).
+/// Returns the program and the executable bytes it was made from.
+pub fn vendor_create_executable(p: &Program) -> Option<(*mut c_void, u64)> {
+    p.from_executable.store(false, Ordering::Relaxed);
+    let mut all = p.executables.lock().unwrap_or_else(|e| e.into_inner());
+    let i = all.iter().position(is_current)?;
+    // The one in use goes last: its build log is the one answered.
+    let kept = all.remove(i);
+    all.push(kept.clone());
+    drop(all);
+    let last = {
+        let steps = p.steps.lock().unwrap_or_else(|e| e.into_inner());
+        if steps.len() != kept.steps {
+            return None;
+        }
+        match steps.last()? {
+            BuildStep::Build {
+                options, arg_info, ..
+            } => (options.clone(), *arg_info),
+            _ => return None,
+        }
+    };
+    let bins: DeviceBinaries = kept
+        .binaries
+        .iter()
+        .map(|(d, _, b)| (d.clone(), b.clone()))
+        .collect();
+    let mut err = CL_SUCCESS;
+    let v = create_from_binaries(p.context.base.vendor(), &bins, &mut err).ok()?;
+    let built = !v.is_null()
+        && err == CL_SUCCESS
+        && replay_step(
+            v,
+            &BuildStep::Build {
+                devices: bins.iter().map(|(d, _)| d.clone()).collect(),
+                options: last.0,
+                arg_info: last.1,
+            },
+        )
+        .is_ok()
+        && build_succeeded(v)
+        && (!last.1 || arg_info_kept(v));
+    if built {
+        p.from_executable.store(true, Ordering::Relaxed);
+        return Some((v, bins.iter().map(|(_, b)| b.len() as u64).sum()));
+    }
+    if !v.is_null() {
+        // SAFETY: the program just made, not handed out.
+        unsafe { crate::vendor::release(v, |t| t.clReleaseProgram) };
+    }
+    None
+}
+
+/// A device's build log of a vendor program, NUL-terminated.
+fn build_log(v: *mut c_void, vd: *mut c_void) -> ClResult<Vec<u8>> {
+    let f = vfn!(v, clGetProgramBuildInfo)?;
+    let mut n = 0usize;
+    // SAFETY: a size query.
+    check(unsafe {
+        f(
+            v.cast(),
+            vd.cast(),
+            CL_PROGRAM_BUILD_LOG,
+            0,
+            std::ptr::null_mut(),
+            &mut n,
+        )
+    })?;
+    let mut log = vec![0u8; n.max(1)];
+    // SAFETY: `log` holds at least n bytes.
+    check(unsafe {
+        f(
+            v.cast(),
+            vd.cast(),
+            CL_PROGRAM_BUILD_LOG,
+            n,
+            log.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    Ok(log)
+}
+
+/// Whether every device's build of a vendor program succeeded.
+fn build_succeeded(v: *mut c_void) -> bool {
+    let Ok(devices) = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())
+    else {
+        return false;
+    };
+    let Ok(build_info) = vfn!(v, clGetProgramBuildInfo) else {
+        return false;
+    };
+    devices.into_iter().all(|vd| {
+        let mut status: cl_build_status = CL_BUILD_NONE;
+        // SAFETY: one value of the queried type.
+        let rc = unsafe {
+            build_info(
+                v.cast(),
+                vd.cast(),
+                CL_PROGRAM_BUILD_STATUS,
+                size_of::<cl_build_status>(),
+                (&raw mut status).cast(),
+                std::ptr::null_mut(),
+            )
+        };
+        rc == CL_SUCCESS && status == CL_BUILD_SUCCESS
+    })
+}
+
+/// Whether a program made from a binary still reports its kernels' argument
+/// information (crane classifies arguments by it, and the application may
+/// ask): checked on the first kernel that has arguments.
+fn arg_info_kept(v: *mut c_void) -> bool {
+    let Ok(create) = vfn!(v, clCreateKernelsInProgram) else {
+        return false;
+    };
+    let mut n: cl_uint = 0;
+    // SAFETY: a count query.
+    if unsafe { create(v.cast(), 0, std::ptr::null_mut(), &mut n) } != CL_SUCCESS {
+        return false;
+    }
+    let mut ks: Vec<cl_kernel> = vec![std::ptr::null_mut(); n as usize];
+    // SAFETY: room for n kernels.
+    if n > 0 && unsafe { create(v.cast(), n, ks.as_mut_ptr(), std::ptr::null_mut()) } != CL_SUCCESS
+    {
+        return false;
+    }
+    let mut ok = true;
+    for &k in &ks {
+        let args: Option<cl_uint> = kernel_info_value(k.cast(), CL_KERNEL_NUM_ARGS);
+        if args.unwrap_or(0) > 0 {
+            let mut q: cl_kernel_arg_address_qualifier = 0;
+            // SAFETY: one value of the queried type.
+            ok = vfn!(k.cast::<c_void>(), clGetKernelArgInfo).is_ok_and(|f| unsafe {
+                f(
+                    k,
+                    0,
+                    CL_KERNEL_ARG_ADDRESS_QUALIFIER,
+                    size_of::<cl_kernel_arg_address_qualifier>(),
+                    (&raw mut q).cast(),
+                    std::ptr::null_mut(),
+                )
+            } == CL_SUCCESS);
+            break;
+        }
+    }
+    for k in ks {
+        // SAFETY: kernels made above, not handed out.
+        unsafe { crate::vendor::release(k.cast(), |t| t.clReleaseKernel) };
+    }
+    ok
+}
+
+fn kernel_info_value<T: Copy + Default>(k: *mut c_void, param: cl_kernel_info) -> Option<T> {
+    let f = vfn!(k, clGetKernelInfo).ok()?;
+    let mut out = T::default();
+    // SAFETY: one value of the queried type.
+    (unsafe {
+        f(
+            k.cast(),
+            param,
+            size_of::<T>(),
+            (&raw mut out).cast(),
+            std::ptr::null_mut(),
+        )
+    } == CL_SUCCESS)
+        .then_some(out)
 }
 
 /// Whether `p`, made from source, can be compiled again as it was: every
@@ -616,6 +867,7 @@ pub unsafe extern "C" fn clBuildProgram(
                     arg_info,
                 });
             *prog.compiled.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            prog.from_executable.store(false, Ordering::Relaxed);
         }
         if added && records_step(rc) {
             let (cb, ud) = build_notify(f, user_data, p as usize);
@@ -964,6 +1216,15 @@ pub unsafe extern "C" fn clGetProgramInfo(
                     vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret)
                 }),
             },
+            // A program made again from its kept executable has no IL of
+            // its own any more: the application's is answered.
+            CL_PROGRAM_IL => match &prog.source {
+                ProgramSource::Il(il) => write_info(il, size, value, size_ret),
+                // SAFETY: forwarding.
+                _ => check(unsafe {
+                    vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret)
+                }),
+            },
             _ => {
                 // SAFETY: forwarding.
                 check(unsafe { vfn!(v, clGetProgramInfo)?(v.cast(), param, size, value, size_ret) })
@@ -988,6 +1249,17 @@ pub unsafe extern "C" fn clGetProgramBuildInfo(
             let steps = prog.steps.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(o) = steps.iter().rev().find_map(BuildStep::options) {
                 return write_info(o.as_bytes_with_nul(), size, value, size_ret);
+            }
+        }
+        if param == CL_PROGRAM_BUILD_LOG && prog.from_executable.load(Ordering::Relaxed) {
+            let kept = prog.executables.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(e) = kept.last()
+                && let Some(i) = e
+                    .binaries
+                    .iter()
+                    .position(|(dev, _, _)| dev.base.vendor() == vd)
+            {
+                return write_info(&e.logs[i], size, value, size_ret);
             }
         }
         let v = prog.base.vendor();
