@@ -8,6 +8,15 @@
 #
 #   benches/gpu-corpus.sh DIR [PROGRAM...]
 #
+# With MOVES="cpu gpu" (device specs) each cycle moves the program to the next
+# device in turn instead (`cranectl local PID --device SPEC`, e.g. NVIDIA's GPU
+# to PoCL's CPU device and back). The GPU's vendor library stays loaded while
+# the process runs on the CPU (its platform is still offered; the line says how
+# many device descriptors it holds there). floatmath's FLOAT lines
+# may then differ within their bound (corpus.sh same_output). A program whose every
+# move is refused passes if its output equals native's and the refusal says why
+# (programs made from binaries cannot move to another device).
+#
 # DIR holds libcrane_opencl.so, cranectl and testapps/ (testapps/build.sh
 # DIR/testapps). The vendor is the ICD loader's: set OCL_ICD_FILENAMES (e.g.
 # libnvidia-opencl.so.1) to pick one. Prints one line per program and
@@ -23,6 +32,7 @@ work=$(mktemp -d)
 export CRANE_RUN_DIR=$work/run
 devices='/dev/(nvidia|dri/|kfd)'
 vendor_libs='libcuda\.so|libnvidia-opencl|libnvidia-ptxjitcompiler|libamdocl|libigdrcl'
+read -r -a moves <<< "${MOVES:-}"
 passed=0
 failed=0
 for p in "${progs[@]}"; do
@@ -39,10 +49,29 @@ for p in "${progs[@]}"; do
     while kill -0 "$pid" 2> /dev/null && [ ! -S "$sock" ]; do sleep 0.01; done
     cycles=0
     refused=
+    refusals=0
+    on_cpu=
     problems=()
     suspend_ms=()
     while kill -0 "$pid" 2> /dev/null; do
         sleep "0.$(printf %03d $((RANDOM % 250 + 30)))"
+        if [ ${#moves[@]} -gt 0 ]; then
+            spec=${moves[$((cycles % ${#moves[@]}))]}
+            if ! out=$("$dir/cranectl" local "$pid" --device "$spec" 2>&1); then
+                [ -z "$refused" ] && refused=$out
+                refusals=$((refusals + 1))
+                continue
+            fi
+            if [ "$spec" = cpu ] && [ -z "$on_cpu" ]; then
+                on_cpu="$(ls -l "/proc/$pid/fd" 2> /dev/null | grep -cE "$devices") device fds"
+            fi
+            total=$(grep -oE 'local in [0-9.]+ ms' <<< "$out" | head -1)
+            total=${total#local in }
+            suspend_ms+=("$spec:${total% ms}")
+            echo "$p move $((cycles + 1)) to $spec: $out" >> "${MOVES_LOG:-/dev/null}"
+            cycles=$((cycles + 1))
+            continue
+        fi
         if ! out=$("$dir/cranectl" suspend "$pid" 2>&1); then
             # The program ended meanwhile, or was inside a long call.
             [ -z "$refused" ] && refused=$out
@@ -68,9 +97,13 @@ for p in "${progs[@]}"; do
     done
     wait "$pid"
     status=$?
-    if [ "$status" = 0 ] && cmp -s "$work/$p.native" "$work/$p.crane" && [ ${#problems[@]} = 0 ] &&
-        [ "$cycles" -gt 0 ]; then
-        echo "$p: identical to native after $cycles suspend/resume cycles (--iters $n; suspend ms: ${suspend_ms[*]:-n/a})"
+    what="suspend/resume cycles (--iters $n; suspend ms"
+    [ ${#moves[@]} -gt 0 ] && what="moves, $refusals refused (--iters $n; stoppage ms"
+    if [ "$status" = 0 ] && same=$(same_output "$work/$p.native" "$work/$p.crane") && [ ${#problems[@]} = 0 ] &&
+        { [ "$cycles" -gt 0 ] || { [ ${#moves[@]} -gt 0 ] && [ -n "$refused" ]; }; }; then
+        echo "$p: $same to native after $cycles $what: ${suspend_ms[*]:-n/a})"
+        [ "$cycles" = 0 ] && echo "    every move refused: $refused"
+        [ -n "$on_cpu" ] && echo "    on the CPU it held $on_cpu"
         passed=$((passed + 1))
     else
         echo "$p: FAILED (status $status, $cycles cycles, --iters $n)"

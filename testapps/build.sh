@@ -2,7 +2,7 @@
 # Builds the crane OpenCL test corpus into OUT_DIR.
 #   testapps/build.sh OUT_DIR
 # C programs: gcc -std=c11 -O2 -Wall -Wextra -Werror, linked dynamically with
-# -lOpenCL (libOpenCL.so.1, the ICD loader).  The Rust program is a separate
+# -lOpenCL -lm (libOpenCL.so.1, the ICD loader).  The Rust program is a separate
 # cargo package (not in the main workspace); CARGO_TARGET_DIR defaults to
 # <repo>/target/testapps-rust.  Set CRANE_TESTAPPS_SKIP_RUST=1 to build only the
 # C programs (e.g. on a machine without cargo).
@@ -19,7 +19,7 @@ list=()
 for src in "$here"/c/*.c; do
     name=$(basename "$src" .c)
     echo "build.sh: cc $name"
-    $CC -std=c11 $CFLAGS -Wall -Wextra -Werror -o "$out/$name" "$src" -lOpenCL
+    $CC -std=c11 $CFLAGS -Wall -Wextra -Werror -o "$out/$name" "$src" -lOpenCL -lm
     list+=("$name")
 done
 

@@ -9,7 +9,7 @@
 //! between NVIDIA's GPU and PoCL's CPU are shown on the accelerator machine
 //! (docs/benchmarks.md).
 
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crane_control::{Mode, Request, Response, call, socket_path};
@@ -45,7 +45,7 @@ fn status(sock: &std::path::Path) -> crane_control::AppStatus {
 }
 
 /// Runs `app` under crane and moves it between the two devices at random
-/// moments until it exits; its result line and how many moves it made.
+/// moments until it exits; its standard output and how many moves it made.
 fn moving(app: &str, iters: &str, seed: u64) -> (String, usize) {
     let dir = scratch(&format!("devices-{app}-{seed:x}"));
     let child = start(app, iters, dir.path());
@@ -102,12 +102,13 @@ fn moving(app: &str, iters: &str, seed: u64) -> (String, usize) {
         "{app} failed under crane: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    (result_line(&out.stdout), moves)
+    (String::from_utf8_lossy(&out.stdout).into_owned(), moves)
 }
 
 fn check(app: &str, iters: &str) {
     let (iters, n) = long_enough(app, iters, 3, |iters| {
-        moving(app, iters, 0x9e3779b97f4a7c15)
+        let (out, n) = moving(app, iters, 0x9e3779b97f4a7c15);
+        (result_line(out.as_bytes()), n)
     });
     eprintln!("{app}: {n} moves between devices at --iters {iters}, result identical to native");
 }
@@ -119,6 +120,65 @@ macro_rules! device_test {
             check(stringify!($name), $iters);
         }
     };
+}
+
+/// floatmath's `FLOAT <name> <bound> <sum>` lines: a built-in's name, its
+/// bound in ULP, and the sum of |result| over the run.
+fn float_sums(out: &str) -> Vec<(String, f64, f64)> {
+    out.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                ["FLOAT", name, bound, sum] => {
+                    Some((name.to_owned(), bound.parse().ok()?, sum.parse().ok()?))
+                }
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Floating point across a move, which is which. testapps/c/floatmath.c
+/// hashes into its RESULT line only what the OpenCL C specification makes
+/// correctly rounded (*, -, fma: the same bits on every conforming device),
+/// so that line must be identical to native's. Its built-ins (sin, cos, exp,
+/// log, sqrt, division, pow) may be off by a few ULP and differ between
+/// devices: the program checks every element against a double-precision
+/// reference within the specification's bound (failing otherwise), and its
+/// sums must agree with native's within 2 * bound * 2^-23 relative, the most
+/// two devices each within the bound can differ by (benches/corpus.sh
+/// `same_output` applies the same rule on the GPU). PoCL's two devices share
+/// one compiler, so here the sums come out exact in practice; NVIDIA's GPU
+/// and PoCL's CPU differ within the bound (docs/benchmarks.md).
+#[test]
+fn floatmath() {
+    let mut natives = std::collections::HashMap::new();
+    let (iters, n) = long_enough("floatmath", "400", 3, |iters| {
+        let want = Command::new(common::apps().join("floatmath"))
+            .args(["--iters", iters])
+            .output()
+            .unwrap();
+        assert!(want.status.success());
+        let want = float_sums(&String::from_utf8_lossy(&want.stdout));
+        assert_eq!(want.len(), 7, "floatmath printed {want:?}");
+        let (out, n) = moving("floatmath", iters, 0x2545f4914f6cdd1d);
+        let got = float_sums(&out);
+        assert_eq!(got.len(), want.len(), "{out}");
+        for ((name, bound, a), (gname, _, b)) in want.iter().zip(&got) {
+            assert_eq!(name, gname);
+            let tolerance = 2.0 * bound * 2f64.powi(-23) * a.abs().max(b.abs());
+            assert!(
+                (a - b).abs() <= tolerance,
+                "{name}: native sum {a:e}, after {n} moves {b:e} (tolerance {tolerance:e})"
+            );
+        }
+        natives.insert(iters.to_owned(), want);
+        (result_line(out.as_bytes()), n)
+    });
+    eprintln!(
+        "floatmath: {n} moves at --iters {iters}: exact operations identical, built-ins within their bound ({:?})",
+        natives[&iters]
+    );
 }
 
 // Integer kernels (exact arithmetic) are bit-identical on any device. images
@@ -137,6 +197,73 @@ device_test!(multictx, "2000");
 // binaries, which are for the device they were built for; a move while one
 // lives is refused (CL_INVALID_BINARY, with the reason) and the process stays
 // where it was.
+
+/// The bytes of a reply's `programs` phase: the executables kept at suspend
+/// that the programs were made from (0: compiled again from source).
+fn reused(r: &Response) -> u64 {
+    assert!(r.ok, "{:?}", r.error);
+    r.phases
+        .iter()
+        .find(|p| p.name == "programs")
+        .unwrap_or_else(|| panic!("no programs phase in {:?}", r.phases))
+        .bytes
+}
+
+/// Programs come back from the executables kept at suspend when the device
+/// and its driver are the same (no compiler run), and are compiled again from
+/// their source on another device (whose own executable is kept in turn);
+/// back on the first device its executable serves again. The program ends with the native result.
+#[test]
+fn programs_are_reused_on_the_same_device_and_compiled_on_another() {
+    let iters = "60000";
+    let dir = scratch("devices-reuse");
+    let child = start("pingpong", iters, dir.path());
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    let started = Instant::now();
+    while status(&sock).objects.kernels < 2 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t = Duration::from_secs(60);
+    let s = call(
+        &sock,
+        &Request::Suspend {
+            deadline_ms: 20_000,
+        },
+        t,
+    )
+    .unwrap();
+    assert!(s.ok, "{:?}", s.error);
+    let same = reused(&call(&sock, &Request::RESUME, t).unwrap());
+    assert!(
+        same > 0,
+        "resumed on the same device without the kept executable"
+    );
+    // POCL_DEVICES="basic pthread": it started on `basic`.
+    let other = reused(&call(&sock, &local_on("pthread"), t).unwrap());
+    assert_eq!(other, 0, "another device took the first one's executable");
+    let s = call(
+        &sock,
+        &Request::Suspend {
+            deadline_ms: 20_000,
+        },
+        t,
+    )
+    .unwrap();
+    assert!(s.ok, "{:?}", s.error);
+    let there = reused(&call(&sock, &Request::RESUME, t).unwrap());
+    assert!(there > 0, "the second device's own executable was not kept");
+    let back = reused(&call(&sock, &local_on("basic"), t).unwrap());
+    assert_eq!(back, same, "back on its first device");
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(result_line(&out.stdout), native("pingpong", iters));
+}
 
 /// A device spec that names no device is refused before anything stops, and
 /// the program carries on where it was.
