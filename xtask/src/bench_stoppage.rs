@@ -58,14 +58,23 @@ pub struct Args {
     /// Write the figures as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also move the running application between devices, in this order
+    /// (device specs, comma-separated, e.g. `cpu,gpu`: steps `to-cpu`,
+    /// `to-gpu`), `--repeat` times, each with its stoppage.
+    #[arg(long)]
+    pub moves: Option<String>,
+    /// Which of the kinds to run: `suspend` (suspend+resume), `precopy`
+    /// (pre-copy, then suspend+resume), `remote` (to crane-proxy and back).
+    #[arg(long, default_value = "suspend,precopy,remote", value_delimiter = ',')]
+    pub steps: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
 struct Step {
     mib: f64,
     rewrite_percent: f64,
-    /// `suspend`, `resume`, `remote`, `local`, `precopy`, `pc-suspend` or
-    /// `pc-resume`.
+    /// `suspend`, `resume`, `remote`, `local`, `precopy`, `pc-suspend`,
+    /// `pc-resume`, or `to-SPEC` (a move to other devices).
     step: String,
     /// The longest gap between two of the application's iterations around
     /// the step (for suspend+resume: both, with the driver's turnaround).
@@ -163,6 +172,11 @@ pub fn main(
     root: &Path,
     build: impl FnOnce() -> Result<(PathBuf, PathBuf)>,
 ) -> Result<()> {
+    for s in &a.steps {
+        if !["suspend", "precopy", "remote"].contains(&s.as_str()) {
+            bail!("--steps: unknown kind {s:?} (suspend, precopy, remote)");
+        }
+    }
     let (lib, proxy_bin) = match (a.lib.clone(), a.proxy.clone()) {
         (Some(l), Some(p)) => (l, p),
         _ => build()?,
@@ -258,7 +272,14 @@ pub fn main(
                 });
             };
             let deadline_ms = 120_000;
-            for _ in 0..a.repeat.max(1) {
+            let times = |kind: &str| {
+                if a.steps.iter().any(|s| s == kind) {
+                    a.repeat.max(1)
+                } else {
+                    0
+                }
+            };
+            for _ in 0..times("suspend") {
                 std::thread::sleep(Duration::from_secs(1));
                 app.gap()?;
                 let s = request(&sock, &Request::Suspend { deadline_ms })?;
@@ -268,7 +289,7 @@ pub fn main(
                 record("suspend", None, s);
                 record("resume", Some(pause), r);
             }
-            for _ in 0..a.repeat.max(1) {
+            for _ in 0..times("precopy") {
                 std::thread::sleep(Duration::from_secs(1));
                 app.gap()?;
                 // The application runs on while the pre-copy reads: its gap
@@ -283,7 +304,7 @@ pub fn main(
                 record("pc-suspend", None, s);
                 record("pc-resume", Some(pause), r);
             }
-            for _ in 0..a.repeat.max(1) {
+            for _ in 0..times("remote") {
                 std::thread::sleep(Duration::from_secs(1));
                 app.gap()?;
                 let away = request(
@@ -308,6 +329,27 @@ pub fn main(
                 )?;
                 std::thread::sleep(Duration::from_millis(200));
                 record("local", Some(app.gap()?), back);
+            }
+            let specs: Vec<&str> = a.moves.as_deref().map_or(Vec::new(), |m| {
+                m.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            });
+            for _ in 0..if specs.is_empty() { 0 } else { a.repeat.max(1) } {
+                for spec in &specs {
+                    std::thread::sleep(Duration::from_secs(1));
+                    app.gap()?;
+                    let moved = request(
+                        &sock,
+                        &Request::Local {
+                            deadline_ms,
+                            device: Some((*spec).to_owned()),
+                        },
+                    )?;
+                    std::thread::sleep(Duration::from_millis(200));
+                    record(&format!("to-{spec}"), Some(app.gap()?), moved);
+                }
             }
             app.signal(nix::sys::signal::Signal::SIGUSR1)?;
             app.line("OK", Duration::from_secs(600)).with_context(|| {
