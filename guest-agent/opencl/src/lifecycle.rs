@@ -1099,9 +1099,15 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     }
     tm.lap("recreate", 0);
     let rec = tm.phases.last_mut().expect("just pushed");
-    rec.ms -= (inject + programs.time).as_secs_f64() * 1e3;
-    // Programs, apart: compiled again, or made from the executables kept at
-    // suspend (their bytes).
+    rec.ms -= (inject + programs.time + programs.contexts).as_secs_f64() * 1e3;
+    // Contexts and programs, apart: the driver's part, and the compiler's
+    // (or the executables kept at suspend: their bytes).
+    tm.phases.push(Phase {
+        name: "contexts".into(),
+        ms: programs.contexts.as_secs_f64() * 1e3,
+        bytes: 0,
+        parallel: false,
+    });
     tm.phases.push(Phase {
         name: "programs".into(),
         ms: programs.time.as_secs_f64() * 1e3,
@@ -1119,11 +1125,13 @@ fn rebuild() -> Result<Vec<Phase>, String> {
 }
 
 /// What making the programs again cost, and how much of it came from kept
-/// executables.
+/// executables; and what making the contexts cost (on NVIDIA each is a CUDA
+/// context, about 100 ms of the driver's).
 #[derive(Default)]
 struct ProgramStats {
     time: Duration,
     reused_bytes: u64,
+    contexts: Duration,
 }
 
 fn recreate(
@@ -1146,9 +1154,11 @@ fn recreate(
         }
         d.base.set_vendor(mine.cast());
     }
+    let t = Instant::now();
     for c in handle::live::<Context>() {
         c.base.set_vendor(api::context::vendor_create(&c)?);
     }
+    programs.contexts = t.elapsed();
     for q in handle::live::<Queue>() {
         q.base.set_vendor(queue_api::vendor_create(&q)?);
     }
