@@ -7,8 +7,9 @@ and `cargo xtask bench-stoppage --out` (needs gnuplot).
       (default 256 MiB), for one build or two.
   benches/plot.py stoppage STOPPAGE.json OUT.png [REWRITE]
       crane's account of each step's stoppage (ms) by memory size, at one
-      rewrite rate (default 0): the first suspend of each size, and each
-      resume, move to crane-proxy and move back.
+      rewrite rate (default 0): the first suspend of each size, a suspend
+      right after a pre-copy, and resume, move to crane-proxy and move back
+      (means of the repeats).
 """
 import json
 import subprocess
@@ -69,17 +70,29 @@ def stoppage(args):
     steps = json.load(open(args[0]))
     out = args[1]
     rate = float(args[2]) if len(args) > 2 else 0.0
-    series = {"suspend (first, all dirty)": [], "resume": [], "move to crane-proxy": [], "move back": []}
+    names = {
+        "suspend": "suspend (first: all dirty)",
+        "pc-suspend": "suspend after a pre-copy",
+        "resume": "resume",
+        "remote": "move to crane-proxy",
+        "local": "move back",
+    }
+    series = {n: {} for n in names.values()}
     seen = set()
     for s in steps:
-        if s["rewrite_percent"] != rate:
+        name = names.get(s["step"])
+        if s["rewrite_percent"] != rate or name is None:
             continue
-        name = {"suspend": "suspend (first, all dirty)", "resume": "resume", "remote": "move to crane-proxy", "local": "move back"}[s["step"]]
         if s["step"] == "suspend":
             if s["mib"] in seen:
                 continue
             seen.add(s["mib"])
-        series[name].append((s["mib"], s["crane_ms"]))
+        # The mean of the repeats of a step at one size.
+        series[name].setdefault(s["mib"], []).append(s["crane_ms"])
+    series = {
+        n: [(mib, sum(v) / len(v)) for mib, v in sorted(pts.items())]
+        for n, pts in series.items()
+    }
     files = []
     for name, pts in series.items():
         with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
