@@ -1212,8 +1212,9 @@ impl Injection {
     }
 }
 
-/// Writes `m`'s RAM copy into its new vendor buffer `v` from pinned memory,
-/// if it can be pinned and the host may write the buffer; false otherwise
+/// Writes `m`'s RAM copy into its new vendor buffer with a non-blocking
+/// write, from pinned memory locally (if it can be pinned) or over the
+/// session to crane-proxy, if the host may write the buffer; None otherwise
 /// (the buffer is then created from the copy).
 fn inject_pinned(
     m: &Mem,
@@ -1226,9 +1227,19 @@ fn inject_pinned(
     {
         return Ok(None);
     }
-    let Some(pin) = data.pin(&m.context) else {
-        debug!("re-injecting {} bytes from unpinned memory", data.len());
-        return Ok(None);
+    // On crane-proxy the write goes over the session, whose payload the proxy
+    // reads straight into its own pinned staging and copies to the device
+    // while the next arrives (a buffer created from the data instead is one
+    // synchronous copy from the proxy's pageable memory after the whole
+    // payload has come); locally the RAM copy is pinned for the DMA.
+    let pin = if vendor::remote_session().is_some() {
+        None
+    } else {
+        let Some(pin) = data.pin(&m.context) else {
+            debug!("re-injecting {} bytes from unpinned memory", data.len());
+            return Ok(None);
+        };
+        Some(pin)
     };
     let q = inject.queue(&m.context, queues)?;
     let v = memory::vendor_create(m, None)?;
@@ -1252,7 +1263,7 @@ fn inject_pinned(
         unsafe { vendor::release(v, |d| d.clReleaseMemObject) };
         return Err(rc);
     }
-    inject.pins.push(pin);
+    inject.pins.extend(pin);
     Ok(Some(v))
 }
 
