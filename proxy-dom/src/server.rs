@@ -160,6 +160,7 @@ impl Proxy {
     /// accepting.
     pub fn start(config: Config) -> Result<Proxy, ServerError> {
         let vendor = Vendor::load(&config.vendors)?;
+        vendor.warm_contexts();
         let max_mem = config.max_session_mem.unwrap_or_else(|| {
             vendor
                 .smallest_global_mem()

@@ -256,6 +256,16 @@ impl Vendor {
             .collect()
     }
 
+    /// Starts making a warm context (`crate::warm`) for every device, of the
+    /// device alone (with or without its platform named).
+    pub fn warm_contexts(&self) {
+        for p in self.platforms() {
+            for d in devices(p) {
+                crate::warm::fill(d.get().cast(), Vec::new());
+            }
+        }
+    }
+
     /// The smallest `CL_DEVICE_GLOBAL_MEM_SIZE` over every device.
     pub fn smallest_global_mem(&self) -> Option<u64> {
         self.smallest_global_mem

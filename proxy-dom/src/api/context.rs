@@ -46,6 +46,13 @@ impl Session {
             let (props, _) = s.context_props(props)?;
             let devices = s.device_list(devices)?;
             let first = *devices.first().ok_or(CallError::Cl(CL_INVALID_VALUE))?;
+            // One made ahead for exactly this device and these properties
+            // (crate::warm): a move here does not wait for the driver's.
+            if devices.len() == 1
+                && let Some(c) = crate::warm::take(first, &props)
+            {
+                return Ok((c, Detail::Plain));
+            }
             let f = vfn!(first, clCreateContext)?;
             let mut err = CL_SUCCESS;
             // SAFETY: live devices, a terminated property list (or NULL),
