@@ -1435,8 +1435,9 @@ fn remote_sync(s: &crate::remote::Session) -> Result<(), cl_int> {
 /// Passthrough (or suspended) to remote: the pre-migration critical path.
 /// The state goes to RAM as for `suspend`; then crane-proxy rebuilds the
 /// objects from RAM while a helper thread releases the local ones and unloads
-/// the local vendor library, and the application's calls resume once both are
-/// done (the vendor library is gone when this returns, as after `suspend`).
+/// the local vendor library; the application's calls resume on crane-proxy
+/// as soon as it has rebuilt them, and this returns once the local vendor
+/// library is gone too (as after `suspend`).
 /// If the proxy cannot take them, the process goes back to where it was.
 pub fn go_remote(
     addr: String,
@@ -1469,6 +1470,14 @@ pub fn go_remote(
     vendor::set_target(remote);
     vendor::set_device(spec);
     let rebuilt = rebuild();
+    // Rebuilt on crane-proxy: the application's calls go there now, while
+    // the local objects are still being released and the local vendor
+    // unloaded (the reply, and so the agent's "GPU free", waits for that).
+    // Released in parallel only: otherwise the release has already run.
+    let early = rebuilt.is_ok() && parallel;
+    if early {
+        reopen();
+    }
     let waited = Instant::now();
     let released = releaser.finish();
     let mut res = residue();
@@ -1488,9 +1497,11 @@ pub fn go_remote(
                 name: "wait-release".into(),
                 ms: waited.elapsed().as_secs_f64() * 1e3,
                 bytes: 0,
-                parallel: false,
+                parallel: early,
             });
-            reopen();
+            if !early {
+                reopen();
+            }
             Ok((tm.phases, res))
         }
         Err(e) => {
