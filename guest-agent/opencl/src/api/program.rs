@@ -46,6 +46,41 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
     }
 }
 
+/// A device's binary: crane's device, the vendor's, the bytes.
+type DeviceBinary = (Arc<Device>, *mut c_void, Vec<u8>);
+
+/// A vendor program's binaries with crane's device and the vendor's device
+/// of each, if every device has a non-empty binary of type `want`.
+fn binaries_of_type(
+    p: &Program,
+    v: *mut c_void,
+    want: cl_program_binary_type,
+) -> ClResult<Vec<DeviceBinary>> {
+    let devices = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())?;
+    let bins = vendor_binaries(v)?;
+    let build_info = vfn!(v, clGetProgramBuildInfo)?;
+    let mut out = Vec::new();
+    for (vd, bin) in devices.into_iter().zip(bins) {
+        let mut ty: cl_program_binary_type = 0;
+        // SAFETY: one value of the queried type.
+        check(unsafe {
+            build_info(
+                v.cast(),
+                vd.cast(),
+                CL_PROGRAM_BINARY_TYPE,
+                size_of::<cl_program_binary_type>(),
+                (&raw mut ty).cast(),
+                std::ptr::null_mut(),
+            )
+        })?;
+        match p.context.devices.iter().find(|d| d.base.vendor() == vd) {
+            Some(d) if ty == want && !bin.is_empty() => out.push((d.clone(), vd, bin)),
+            _ => return Err(CL_INVALID_PROGRAM),
+        }
+    }
+    Ok(out)
+}
+
 /// Suspend: keeps the compiled object of a program whose latest step is a
 /// clCompileProgram that worked, for [`vendor_create_compiled`]. Anything
 /// the vendor does not give leaves the program to be compiled again.
@@ -58,34 +93,11 @@ pub fn save_compiled(p: &Program) {
     if !last_is_compile || v.is_null() {
         return;
     }
-    let saved = (|| -> ClResult<DeviceBinaries> {
-        let devices = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())?;
-        let bins = vendor_binaries(v)?;
-        let build_info = vfn!(v, clGetProgramBuildInfo)?;
-        let mut out = Vec::new();
-        for (vd, bin) in devices.into_iter().zip(bins) {
-            let mut ty: cl_program_binary_type = 0;
-            // SAFETY: one value of the queried type.
-            check(unsafe {
-                build_info(
-                    v.cast(),
-                    vd.cast(),
-                    CL_PROGRAM_BINARY_TYPE,
-                    size_of::<cl_program_binary_type>(),
-                    (&raw mut ty).cast(),
-                    std::ptr::null_mut(),
-                )
-            })?;
-            let dev = p.context.devices.iter().find(|d| d.base.vendor() == vd);
-            match dev {
-                Some(d) if ty == CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT && !bin.is_empty() => {
-                    out.push((d.clone(), bin))
-                }
-                _ => return Err(CL_INVALID_PROGRAM),
-            }
-        }
-        Ok(out)
-    })();
+    let saved = binaries_of_type(p, v, CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT).map(|bins| {
+        bins.into_iter()
+            .map(|(d, _, b)| (d, b))
+            .collect::<DeviceBinaries>()
+    });
     match saved {
         Ok(bins) => *p.compiled.lock().unwrap_or_else(|e| e.into_inner()) = Some(bins),
         // A program made from the kept object at an earlier resume need not
@@ -116,46 +128,25 @@ pub fn save_executable(p: &Program) {
     if v.is_null() || kept.iter().any(is_current) {
         return;
     }
-    let saved = (|| -> ClResult<Executable> {
-        let devices = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())?;
-        let bins = vendor_binaries(v)?;
-        let build_info = vfn!(v, clGetProgramBuildInfo)?;
+    let saved = binaries_of_type(p, v, CL_PROGRAM_BINARY_TYPE_EXECUTABLE).and_then(|bins| {
         let mut binaries = Vec::new();
         let mut logs = Vec::new();
-        for (vd, bin) in devices.into_iter().zip(bins) {
-            let mut ty: cl_program_binary_type = 0;
-            // SAFETY: one value of the queried type.
-            check(unsafe {
-                build_info(
-                    v.cast(),
-                    vd.cast(),
-                    CL_PROGRAM_BINARY_TYPE,
-                    size_of::<cl_program_binary_type>(),
-                    (&raw mut ty).cast(),
-                    std::ptr::null_mut(),
-                )
-            })?;
-            let dev = p.context.devices.iter().find(|d| d.base.vendor() == vd);
-            match dev {
-                Some(d) if ty == CL_PROGRAM_BINARY_TYPE_EXECUTABLE && !bin.is_empty() => {
-                    let id = d
-                        .root()
-                        .now
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .clone();
-                    binaries.push((d.clone(), id, bin));
-                    logs.push(build_log(v, vd)?);
-                }
-                _ => return Err(CL_INVALID_PROGRAM),
-            }
+        for (d, vd, bin) in bins {
+            let id = d
+                .root()
+                .now
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            logs.push(build_log(v, vd)?);
+            binaries.push((d, id, bin));
         }
         Ok(Executable {
             steps,
             binaries,
             logs,
         })
-    })();
+    });
     match saved {
         Ok(e) => kept.push(e),
         Err(e) => crate::config::debug!("the executable of a program is not read: {e}"),
