@@ -149,7 +149,7 @@ pub(crate) fn take(device: cl_device_id, props: &[cl_context_properties]) -> Opt
     }
     let k = key(device, props);
     let got = CONTEXTS.take(&k);
-    fill(device, props.to_vec());
+    fill_key(device, k);
     got
 }
 
@@ -159,10 +159,13 @@ pub(crate) fn fill(device: cl_device_id, props: Vec<cl_context_properties>) {
     if !enabled() {
         return;
     }
+    fill_key(device, key(device, &props));
+}
+
+/// Starts making a context for `k` (see [`fill`]); what is made is what the
+/// key says (no properties for the device's own platform).
+fn fill_key(device: cl_device_id, k: Key) {
     let d = VPtr(device.cast());
-    let k = key(device, &props);
-    // What is made is what the key says (no properties for the device's own
-    // platform).
     let props = k.1.clone();
     CONTEXTS.refill(
         k,

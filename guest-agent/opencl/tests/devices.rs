@@ -226,16 +226,20 @@ fn programs_are_reused_on_the_same_device_and_compiled_on_another() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let t = Duration::from_secs(60);
-    let s = call(
-        &sock,
-        &Request::Suspend {
-            deadline_ms: 20_000,
-        },
-        t,
-    )
-    .unwrap();
-    assert!(s.ok, "{:?}", s.error);
-    let same = reused(&call(&sock, &Request::RESUME, t).unwrap());
+    // Suspend, then resume where it was: the resume's reused bytes.
+    let cycle = || {
+        let s = call(
+            &sock,
+            &Request::Suspend {
+                deadline_ms: 20_000,
+            },
+            t,
+        )
+        .unwrap();
+        assert!(s.ok, "{:?}", s.error);
+        reused(&call(&sock, &Request::RESUME, t).unwrap())
+    };
+    let same = cycle();
     assert!(
         same > 0,
         "resumed on the same device without the kept executable"
@@ -243,16 +247,7 @@ fn programs_are_reused_on_the_same_device_and_compiled_on_another() {
     // POCL_DEVICES="basic pthread": it started on `basic`.
     let other = reused(&call(&sock, &local_on("pthread"), t).unwrap());
     assert_eq!(other, 0, "another device took the first one's executable");
-    let s = call(
-        &sock,
-        &Request::Suspend {
-            deadline_ms: 20_000,
-        },
-        t,
-    )
-    .unwrap();
-    assert!(s.ok, "{:?}", s.error);
-    let there = reused(&call(&sock, &Request::RESUME, t).unwrap());
+    let there = cycle();
     assert!(there > 0, "the second device's own executable was not kept");
     let back = reused(&call(&sock, &local_on("basic"), t).unwrap());
     assert_eq!(back, same, "back on its first device");

@@ -11,7 +11,7 @@ use crate::entry::{self, ClResult, bytes_of, write_info};
 use crate::handle::{Base, Slot};
 use crate::vendor::{check, vfn};
 
-fn arg_info<T: Copy + Default>(
+pub(crate) fn arg_info<T: Copy + Default>(
     vk: *mut c_void,
     i: cl_uint,
     param: cl_kernel_arg_info,

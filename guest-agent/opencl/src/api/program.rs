@@ -296,18 +296,12 @@ fn arg_info_kept(v: *mut c_void) -> bool {
     for &k in &ks {
         let args: Option<cl_uint> = kernel_info_value(k.cast(), CL_KERNEL_NUM_ARGS);
         if args.unwrap_or(0) > 0 {
-            let mut q: cl_kernel_arg_address_qualifier = 0;
-            // SAFETY: one value of the queried type.
-            ok = vfn!(k.cast::<c_void>(), clGetKernelArgInfo).is_ok_and(|f| unsafe {
-                f(
-                    k,
-                    0,
-                    CL_KERNEL_ARG_ADDRESS_QUALIFIER,
-                    size_of::<cl_kernel_arg_address_qualifier>(),
-                    (&raw mut q).cast(),
-                    std::ptr::null_mut(),
-                )
-            } == CL_SUCCESS);
+            ok = super::kernel::arg_info::<cl_kernel_arg_address_qualifier>(
+                k.cast(),
+                0,
+                CL_KERNEL_ARG_ADDRESS_QUALIFIER,
+            )
+            .is_some();
             break;
         }
     }
