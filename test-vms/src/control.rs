@@ -304,7 +304,7 @@ mod tests {
         to_runner.write_all(request.as_bytes()).unwrap();
         assert_eq!(answer(&mut next_line), output);
         to_runner.write_all(b"\n").unwrap();
-        assert_eq!(next_line(), "CRANE-IDLE\n");
+        assert_eq!(next_line(), "CRANE-IDLE t1 ended\n");
         assert_eq!(std::fs::read_to_string(&runs).unwrap(), "run\n");
         drop(to_runner);
         child.wait().unwrap();
