@@ -25,7 +25,7 @@ fn alive(pid: u32) -> bool {
 /// The outcome a successful request leaves the process in.
 fn success_outcome(req: &Request) -> AppOutcome {
     match req {
-        Request::Remote { .. } => AppOutcome::Remote,
+        Request::Remote { .. } | Request::Checkpoint { .. } => AppOutcome::Remote,
         Request::Suspend { .. } => AppOutcome::Suspended,
         Request::Status
         | Request::Precopy { .. }
@@ -229,6 +229,7 @@ pub(crate) mod fake {
                         ok()
                     }
                     (Request::Precopy { .. }, _) if *mode == Mode::Passthrough => ok(),
+                    (Request::Checkpoint { .. }, _) if *mode == Mode::Remote => ok(),
                     // A move onto other devices from passthrough.
                     (
                         Request::Local {

@@ -65,6 +65,12 @@ pub enum Request {
     Precopy {
         deadline_ms: u64,
     },
+    /// On crane-proxy: drain, read back what the proxy changed and shrink
+    /// the journal a replay needs to the objects and their RAM copies (a
+    /// checkpoint; see docs/reliability.md).
+    Checkpoint {
+        deadline_ms: u64,
+    },
     /// Reload the vendor library, recreate every object, re-inject memory.
     Resume {
         /// Where the process's devices go (a [`DeviceSpec`]); none: the

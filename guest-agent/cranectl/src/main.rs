@@ -59,6 +59,9 @@ enum Cmd {
     /// Read a process's device memory into RAM while it runs on, so that a
     /// suspend or move soon after stops it only for what changed since.
     Precopy(Which),
+    /// On crane-proxy: drain, read back what the proxy changed and shrink what
+    /// the process keeps to replay itself if its proxy dies.
+    Checkpoint(Which),
     /// Reload the vendor library and rebuild the process's objects.
     Resume {
         #[command(flatten)]
@@ -251,6 +254,7 @@ fn run() -> Result<ExitCode> {
         }
         Cmd::Suspend(_)
         | Cmd::Precopy(_)
+        | Cmd::Checkpoint(_)
         | Cmd::Resume { .. }
         | Cmd::Remote { .. }
         | Cmd::Local { .. } => {
@@ -268,6 +272,14 @@ fn run() -> Result<ExitCode> {
                     "pre-copied",
                     w.target,
                     Request::Precopy {
+                        deadline_ms: w.deadline_ms,
+                    },
+                ),
+                Cmd::Checkpoint(w) => (
+                    "checkpoint",
+                    "checkpointed",
+                    w.target,
+                    Request::Checkpoint {
                         deadline_ms: w.deadline_ms,
                     },
                 ),

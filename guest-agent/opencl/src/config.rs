@@ -52,6 +52,13 @@ pub struct Config {
     /// objects and unloads the vendor library before the proxy rebuilds them,
     /// not beside it (for measuring what the overlap buys).
     pub parallel_release: bool,
+    /// `CRANE_REMOTE_JOURNAL_MIB` (default 1024; 0: none): how much a remote
+    /// session may keep to replay itself on another crane-proxy if its own
+    /// dies; past it a checkpoint is taken (docs/reliability.md).
+    pub remote_journal_mib: u64,
+    /// `CRANE_REMOTE_RECOVER_S` (default 60): how long a process whose
+    /// crane-proxy died waits for one to take its session back.
+    pub remote_recover_s: u64,
 }
 
 pub fn get() -> &'static Config {
@@ -88,6 +95,14 @@ pub fn get() -> &'static Config {
             remote_kick: flag("CRANE_REMOTE_KICK", true),
             emulate_host_memory: std::env::var("CRANE_HOST_MEMORY").is_ok_and(|v| v == "emulate"),
             parallel_release: flag("CRANE_PARALLEL_RELEASE", true),
+            remote_journal_mib: std::env::var("CRANE_REMOTE_JOURNAL_MIB")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(1024),
+            remote_recover_s: std::env::var("CRANE_REMOTE_RECOVER_S")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(60),
         }
     })
 }

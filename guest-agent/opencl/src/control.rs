@@ -107,16 +107,42 @@ fn accept(s: UnixStream) {
 fn serve(s: &UnixStream) {
     let resp = match read_request(s, REQUEST_DEADLINE) {
         Ok(line) => match serde_json::from_slice::<Request>(&line) {
-            Ok(req) => {
-                let _one_at_a_time = HANDLING.lock().unwrap_or_else(|e| e.into_inner());
-                handle(req)
-            }
+            Ok(req) => match redirect(&req) {
+                Some(resp) => resp,
+                None => {
+                    let _one_at_a_time = exclusive();
+                    handle(req)
+                }
+            },
             Err(e) => Response::error(format!("malformed request: {e}")),
         },
         Err(RequestError::Closed) => return,
         Err(e) => Response::error(e.to_string()),
     };
     respond(s, &resp);
+}
+
+/// Holds off control requests (for work that moves the gate on a thread of
+/// its own, such as a checkpoint the journal asked for).
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    HANDLING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A `Remote` request while the process's crane-proxy has died and it waits
+/// for one: it names where to replay the session. Not queued behind other
+/// requests, which may be waiting for that very recovery.
+fn redirect(req: &Request) -> Option<Response> {
+    let Request::Remote { proxy, token, .. } = req else {
+        return None;
+    };
+    let s = crate::vendor::remote_session().filter(|s| s.is_recovering())?;
+    s.redirect(proxy.clone(), token.clone()).then(|| Response {
+        ok: true,
+        error: None,
+        status: None,
+        phases: Vec::new(),
+        residue: None,
+    })
 }
 
 fn respond(s: &UnixStream, resp: &Response) {
@@ -254,6 +280,13 @@ fn handle(req: Request) -> Response {
             Ok(Ok(phases)) => ok(phases, None),
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error during pre-copy"),
+        },
+        Request::Checkpoint { deadline_ms } => match std::panic::catch_unwind(|| {
+            lifecycle::checkpoint(Duration::from_millis(deadline_ms))
+        }) {
+            Ok(Ok(phases)) => ok(phases, None),
+            Ok(Err(e)) => Response::error(e),
+            Err(_) => Response::error("internal error during a checkpoint"),
         },
         Request::Resume { device } => {
             match std::panic::catch_unwind(|| lifecycle::resume_on(parse_spec(device)?)) {

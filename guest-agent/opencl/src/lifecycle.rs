@@ -2,6 +2,7 @@
 //! unloading the vendor library, then rebuilding everything on a freshly loaded
 //! one. Both run on the control thread with the gate shut.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -331,6 +332,11 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
         return Err(format!(
             "{n} thread(s) stayed inside OpenCL calls past the deadline"
         ));
+    }
+    // On crane-proxy the RAM copies are what a replay starts from: they stop
+    // being a checkpoint once the read-back changes them.
+    if let Some(s) = vendor::remote_session() {
+        s.disarm_journal();
     }
     let bytes = match read_back() {
         Ok(b) => b,
@@ -1090,6 +1096,9 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         if let Err(e) = remote_sync(&s) {
             return Err(failed("recreating the objects on crane-proxy", e));
         }
+        // The proxy holds what RAM holds: a checkpoint, from which a replay
+        // can rebuild the session if this proxy dies.
+        s.checkpoint(&journal_contents());
     } else {
         // Maps the application holds keep their speed on the new vendor.
         staging::repin_held();
@@ -1430,6 +1439,109 @@ fn remote_sync(s: &crate::remote::Session) -> Result<(), cl_int> {
         (crane_wire::Answer::Status(e), _) => Err(e),
         _ => Err(CL_INVALID_OPERATION),
     }
+}
+
+/// What every memory object on crane-proxy holds at a checkpoint, by its id
+/// there: its RAM copy (or a `CL_MEM_USE_HOST_PTR` buffer's host memory).
+/// Sub-buffers and images made from buffers hold their parents' memory.
+fn journal_contents() -> HashMap<crane_wire::Id, crate::remote::journal::Content> {
+    use crate::remote::id_of;
+    let mut out = HashMap::new();
+    let mut todo = handle::live::<Mem>();
+    while let Some(m) = todo.pop() {
+        match &m.kind {
+            MemKind::SubBuffer { parent, .. } => {
+                todo.push(parent.clone());
+                continue;
+            }
+            MemKind::Image {
+                buffer: Some(b), ..
+            } => {
+                todo.push(b.clone());
+                continue;
+            }
+            MemKind::Pipe { .. } => continue,
+            _ => {}
+        }
+        let v = m.base.vendor();
+        if v.is_null() {
+            continue;
+        }
+        let id = id_of(v);
+        if out.contains_key(&id) {
+            continue;
+        }
+        let device = m
+            .context
+            .devices
+            .first()
+            .map_or(0, |d| id_of(d.base.vendor()));
+        let context = id_of(m.context.base.vendor());
+        let copy = (m.flags & CL_MEM_USE_HOST_PTR != 0
+            && m.host_ptr != 0
+            && matches!(m.kind, MemKind::Buffer))
+        .then(|| {
+            // SAFETY: the application's memory behind a CL_MEM_USE_HOST_PTR
+            // buffer, `size` bytes, kept for the buffer's life; the gate is
+            // shut, so no call of the application changes it now.
+            std::sync::Arc::<[u8]>::from(unsafe {
+                std::slice::from_raw_parts(m.host_ptr as *const u8, m.size)
+            })
+        });
+        out.insert(
+            id,
+            crate::remote::journal::Content {
+                mem: m,
+                context,
+                device,
+                copy,
+            },
+        );
+    }
+    out
+}
+
+/// A checkpoint of a process on crane-proxy (docs/reliability.md): its
+/// queues drained and what the proxy changed read back into RAM, so that
+/// the journal a replay needs shrinks to the objects and their RAM copies.
+/// Taken when the journal grows past `CRANE_REMOTE_JOURNAL_MIB`, and on
+/// request (`cranectl checkpoint`).
+pub fn checkpoint(deadline: Duration) -> Result<Vec<Phase>, String> {
+    if mode() != Mode::Remote {
+        return Err("checkpoints are for processes on crane-proxy".into());
+    }
+    let Some(s) = vendor::remote_session() else {
+        return Err("the process has no session with crane-proxy".into());
+    };
+    let end = Instant::now() + deadline;
+    let mut tm = Timer::new();
+    quiesce_and_drain(end)?;
+    tm.lap("drain", 0);
+    if let Err(n) = gate::shut(gate::CLOSED, end) {
+        gate::open();
+        return Err(format!(
+            "{n} thread(s) stayed inside OpenCL calls past the deadline"
+        ));
+    }
+    s.disarm_journal();
+    let bytes = match read_back() {
+        Ok(b) => b,
+        Err(e) => {
+            gate::open();
+            return Err(format!(
+                "reading crane-proxy's memory back failed with OpenCL error {}; no \
+                 replay is possible until the next checkpoint",
+                crate::entry::error_text(e)
+            ));
+        }
+    };
+    tm.lap("read-dirty", bytes);
+    s.checkpoint(&journal_contents());
+    let (calls, kept, _, _) = s.journal_state();
+    tm.lap("compact", kept);
+    debug!("checkpoint: {calls} call(s) kept; {:?}", tm.phases);
+    gate::open();
+    Ok(tm.phases)
 }
 
 /// Passthrough (or suspended) to remote: the pre-migration critical path.

@@ -377,6 +377,17 @@ fn open_vendor(path: &Path) -> Result<Loaded, String> {
 fn open_remote(addr: &str, token: &str) -> Result<Loaded, String> {
     let s = remote::Session::open(addr, token)?;
     match remote::platforms(&s) {
+        Ok(platforms) if crate::gate::is_open() => {
+            // The application's own session (CRANE_MODE=remote): everything
+            // it sends is the application's, so a replay can start from the
+            // beginning. Sessions made by a move start at their first
+            // checkpoint, at the end of the move.
+            s.arm_journal();
+            Ok(Loaded {
+                backend: Backend::Remote(s),
+                platforms,
+            })
+        }
         Ok(platforms) => Ok(Loaded {
             backend: Backend::Remote(s),
             platforms,
@@ -947,7 +958,7 @@ pub fn loaded_paths() -> Vec<PathBuf> {
         .flatten()
         .map(|l| match &l.backend {
             Backend::Native(lib) => lib.path().to_path_buf(),
-            Backend::Remote(s) => PathBuf::from(format!("crane-proxy at {}", s.addr)),
+            Backend::Remote(s) => PathBuf::from(format!("crane-proxy at {}", s.addr())),
         })
         .collect()
 }

@@ -116,12 +116,15 @@ fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     // GPU, or CRANE_HOST_MEMORY=emulate) wrote only that copy, and resume
     // rebuilds the buffer from the host memory.
     // During a pre-copy the RAM copy is being replaced by what the device
-    // holds: a host write then counts as one to read again at the stop.
+    // holds: a host write then counts as one to read again at the stop. On
+    // crane-proxy the RAM copies are those of the last checkpoint, which a
+    // replay starts from (`remote::journal`): they must not change either.
     if !cfg.write_cache
         || size > cfg.write_cache_max
         || root.flags & CL_MEM_USE_HOST_PTR != 0
         || root.is_image()
         || crate::lifecycle::PRECOPY.load(Ordering::Relaxed)
+        || crate::remote::journal::FROZEN.load(Ordering::Relaxed)
     {
         root.dirty.store(true, Ordering::Relaxed);
         return;

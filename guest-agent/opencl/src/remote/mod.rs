@@ -14,6 +14,7 @@
 pub mod api;
 pub mod check;
 pub mod includes;
+pub mod journal;
 pub mod session;
 
 use std::ffi::c_void;

@@ -17,6 +17,7 @@ use crane_wire::{Answer, Call, Header, Limits, VERSION_MAJOR, VERSION_MINOR, Wir
 use opencl_sys::*;
 
 use super::RObj;
+use super::journal::{After, Content, Journal, makes_objects};
 use crate::config::{debug, warn};
 
 /// What every call returns once the proxy is gone. CL_OUT_OF_RESOURCES is the
@@ -180,6 +181,29 @@ struct State {
     dead: Option<String>,
     /// Posted calls the proxy reported as failed, not yet returned.
     failed: Vec<(u64, cl_int)>,
+    /// Every posted call the proxy reported as failed (by seq), so that a
+    /// replay expects them to fail again.
+    reported: HashSet<u64>,
+    /// While a replay runs: what to make of the failures it brings.
+    replay: Option<ReplayCheck>,
+    /// Calls a replay sent again under a new seq (old -> new), for the
+    /// threads waiting for their answers.
+    renumbered: HashMap<u64, u64>,
+}
+
+/// Failures reported during a replay (see [`recover`]), by the seqs the
+/// replayed calls have now (the proxy wants them increasing, so a replay
+/// numbers its calls afresh).
+#[derive(Default)]
+struct ReplayCheck {
+    /// The calls that make the state kept at the last checkpoint.
+    state: HashSet<u64>,
+    /// Replayed calls that had failed before (reported then).
+    before: HashSet<u64>,
+    /// Calls of the replay's own (filling memory).
+    internal: HashSet<u64>,
+    /// Calls that had succeeded and failed on the new proxy.
+    diverged: Vec<(u64, cl_int)>,
 }
 
 struct Shared {
@@ -196,6 +220,14 @@ struct Shared {
     failures: AtomicU64,
     /// Threads waiting for an answer (see [`ReaderStream`]).
     waiting: AtomicU32,
+    /// Whether a recovery runs, and whether its new connection broke too.
+    recov: Mutex<Recov>,
+}
+
+#[derive(Default)]
+struct Recov {
+    active: bool,
+    broke: bool,
 }
 
 struct Out {
@@ -207,10 +239,19 @@ struct Out {
     /// arrives, so the next kernel launch is sent at once, not with the rest
     /// of the batch (`CRANE_REMOTE_KICK`).
     idle: bool,
+    /// What a replay on another proxy needs (see `journal`).
+    journal: Journal,
 }
 
 pub struct Session {
-    pub addr: String,
+    addr: Mutex<String>,
+    token: Mutex<String>,
+    /// Where to reconnect after the proxy died, if not where it was
+    /// (`cranectl remote PID --proxy ADDR` during a recovery).
+    redirect: Mutex<Option<(String, Option<String>)>>,
+    /// Recoveries since the last checkpoint (a replay that kills its proxy
+    /// again is not tried for ever).
+    recoveries: AtomicU32,
     pub limits: Limits,
     /// The proxy's protocol minor version (what it understands).
     pub proxy_minor: u16,
@@ -279,53 +320,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 impl Session {
     /// Connects and authenticates.
     pub fn open(addr: &str, token: &str) -> Result<Arc<Session>, String> {
-        let mut w = Stream::connect(addr, CONNECT_TIMEOUT)
-            .map_err(|e| format!("cannot connect to crane-proxy at {addr}: {e}"))?;
-        let client = format!(
-            "{}[{}]",
-            std::env::current_exe()
-                .ok()
-                .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
-                .unwrap_or_default(),
-            std::process::id()
-        );
-        let mut buf = Vec::new();
-        let hello = Call::Hello {
-            major: VERSION_MAJOR,
-            minor: VERSION_MINOR,
-            token: token.to_string(),
-            client,
-        };
-        crane_wire::encode(&mut buf, 1, &hello, 0).map_err(|e| e.to_string())?;
-        w.write_all(&buf)
-            .map_err(|e| format!("crane-proxy at {addr}: {e}"))?;
-        w.set_read_timeout(Some(CONNECT_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        let mut body = Vec::new();
-        let h = crane_wire::read_frame(&mut w, 0, &mut body)
-            .map_err(|e| format!("crane-proxy at {addr} did not greet: {e}"))?
-            .ok_or_else(|| format!("crane-proxy at {addr} closed the connection"))?;
-        let (limits, proxy_minor) = match crane_wire::decode::<Answer>(&body) {
-            Ok(Answer::Welcome {
-                major,
-                minor,
-                limits,
-                ..
-            }) if major == VERSION_MAJOR && h.seq == 1 => (limits, minor),
-            Ok(Answer::Welcome { major, minor, .. }) => {
-                return Err(format!(
-                    "crane-proxy at {addr} speaks protocol {major}.{minor}, this library {VERSION_MAJOR}.{VERSION_MINOR}"
-                ));
-            }
-            Ok(Answer::Goodbye { reason }) => {
-                return Err(format!(
-                    "crane-proxy at {addr} refused the session: {reason}"
-                ));
-            }
-            Ok(a) => return Err(format!("crane-proxy at {addr} answered {a:?} to Hello")),
-            Err(e) => return Err(format!("crane-proxy at {addr}: {e}")),
-        };
-        w.set_read_timeout(None).map_err(|e| e.to_string())?;
+        let (w, limits, proxy_minor) = handshake(addr, token)?;
         let r = w.try_clone().map_err(|e| e.to_string())?;
         let (cb_tx, cb_rx) = channel::<Job>();
         let shared = Arc::new(Shared {
@@ -333,6 +328,9 @@ impl Session {
                 slots: HashMap::new(),
                 dead: None,
                 failed: Vec::new(),
+                reported: HashSet::new(),
+                replay: None,
+                renumbered: HashMap::new(),
             }),
             answers: AtomicU64::new(0),
             landed: Condvar::new(),
@@ -341,6 +339,7 @@ impl Session {
             failures_logged: AtomicU32::new(0),
             failures: AtomicU64::new(0),
             waiting: AtomicU32::new(0),
+            recov: Mutex::new(Recov::default()),
         });
         let cb_thread = std::thread::Builder::new()
             .name("crane-remote-cb".into())
@@ -353,7 +352,10 @@ impl Session {
             })
             .map_err(|e| e.to_string())?;
         let s = Arc::new(Session {
-            addr: addr.to_string(),
+            addr: Mutex::new(addr.to_string()),
+            token: Mutex::new(token.to_string()),
+            redirect: Mutex::new(None),
+            recoveries: AtomicU32::new(0),
             limits,
             proxy_minor,
             out: Mutex::new(Out {
@@ -361,6 +363,7 @@ impl Session {
                 batch: Vec::with_capacity(BATCH_LIMIT),
                 seq: 1,
                 idle: false,
+                journal: Journal::new(crate::config::get().remote_journal_mib << 20),
             }),
             shared: shared.clone(),
             reader: Mutex::new(None),
@@ -375,17 +378,142 @@ impl Session {
                 .is_some_and(|v| v != "0")
                 .then(|| Mutex::new(Trace::default())),
         });
-        let weak = Arc::downgrade(&s);
-        let max_payload = limits.max_payload;
-        let reader = std::thread::Builder::new()
-            .name("crane-remote".into())
-            .spawn(move || reader_loop(r, shared, weak, max_payload))
-            .map_err(|e| e.to_string())?;
-        *lock(&s.reader) = Some(reader);
+        s.start_reader(r)?;
         debug!("connected to crane-proxy at {addr}: {limits:?}");
         Ok(s)
     }
 
+    fn start_reader(self: &Arc<Self>, r: Stream) -> Result<(), String> {
+        let weak = Arc::downgrade(self);
+        let shared = self.shared.clone();
+        let max_payload = self.limits.max_payload;
+        let reader = std::thread::Builder::new()
+            .name("crane-remote".into())
+            .spawn(move || reader_loop(r, shared, weak, max_payload))
+            .map_err(|e| e.to_string())?;
+        *lock(&self.reader) = Some(reader);
+        Ok(())
+    }
+
+    /// Where the session is connected now.
+    pub fn addr(&self) -> String {
+        lock(&self.addr).clone()
+    }
+
+    /// Makes the journal usable for replays from the start: the session is
+    /// the application's own (`CRANE_MODE=remote`), every call it sends is
+    /// the application's.
+    pub fn arm_journal(&self) {
+        let mut o = lock(&self.out);
+        if o.journal.off.is_none() {
+            o.journal.armed = true;
+        }
+    }
+
+    /// Stops replays until the next checkpoint: the RAM copies are about to
+    /// change (a read-back), so the last checkpoint no longer holds.
+    pub fn disarm_journal(&self) {
+        lock(&self.out).journal.armed = false;
+        super::journal::FROZEN.store(false, Ordering::Relaxed);
+    }
+
+    /// A checkpoint: the proxy is drained and `contents` (by id) hold what
+    /// every memory object holds there. The journal keeps what makes the
+    /// objects and marks them to be filled from RAM at a replay.
+    pub fn checkpoint(&self, contents: &HashMap<crane_wire::Id, Content>) {
+        let failed = lock(&self.shared.state).reported.clone();
+        let cookies: HashSet<u64> = lock(&self.shared.callbacks).keys().copied().collect();
+        let mut o = lock(&self.out);
+        o.journal.compact(contents, &failed, &cookies);
+        self.recoveries.store(0, Ordering::Relaxed);
+        debug!(
+            "checkpoint: the journal holds {} call(s), {} KiB",
+            o.journal.entries.len(),
+            o.journal.bytes >> 10
+        );
+    }
+
+    /// The journal's state, for status reports: calls, bytes, checkpoints,
+    /// whether a replay could run now (or why not).
+    pub fn journal_state(&self) -> (usize, u64, u64, Result<(), String>) {
+        let o = lock(&self.out);
+        let j = &o.journal;
+        let usable = match (&j.off, j.armed) {
+            (Some(why), _) => Err(why.clone()),
+            (None, false) => Err("no checkpoint yet".into()),
+            (None, true) => Ok(()),
+        };
+        (j.entries.len(), j.bytes, j.checkpoints, usable)
+    }
+
+    /// During a recovery, points it at another proxy (and token); `false`
+    /// when no recovery is under way.
+    pub fn redirect(&self, addr: String, token: Option<String>) -> bool {
+        if !self.is_recovering() {
+            return false;
+        }
+        *lock(&self.redirect) = Some((addr, token));
+        true
+    }
+
+    pub fn is_recovering(&self) -> bool {
+        lock(&self.shared.recov).active
+    }
+}
+
+/// Connects to the proxy at `addr` and opens a session with `token`.
+fn handshake(addr: &str, token: &str) -> Result<(Stream, Limits, u16), String> {
+    let mut w = Stream::connect(addr, CONNECT_TIMEOUT)
+        .map_err(|e| format!("cannot connect to crane-proxy at {addr}: {e}"))?;
+    let client = format!(
+        "{}[{}]",
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+            .unwrap_or_default(),
+        std::process::id()
+    );
+    let mut buf = Vec::new();
+    let hello = Call::Hello {
+        major: VERSION_MAJOR,
+        minor: VERSION_MINOR,
+        token: token.to_string(),
+        client,
+    };
+    crane_wire::encode(&mut buf, 1, &hello, 0).map_err(|e| e.to_string())?;
+    w.write_all(&buf)
+        .map_err(|e| format!("crane-proxy at {addr}: {e}"))?;
+    w.set_read_timeout(Some(CONNECT_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut body = Vec::new();
+    let h = crane_wire::read_frame(&mut w, 0, &mut body)
+        .map_err(|e| format!("crane-proxy at {addr} did not greet: {e}"))?
+        .ok_or_else(|| format!("crane-proxy at {addr} closed the connection"))?;
+    let (limits, proxy_minor) = match crane_wire::decode::<Answer>(&body) {
+        Ok(Answer::Welcome {
+            major,
+            minor,
+            limits,
+            ..
+        }) if major == VERSION_MAJOR && h.seq == 1 => (limits, minor),
+        Ok(Answer::Welcome { major, minor, .. }) => {
+            return Err(format!(
+                "crane-proxy at {addr} speaks protocol {major}.{minor}, this library {VERSION_MAJOR}.{VERSION_MINOR}"
+            ));
+        }
+        Ok(Answer::Goodbye { reason }) => {
+            return Err(format!(
+                "crane-proxy at {addr} refused the session: {reason}"
+            ));
+        }
+        Ok(a) => return Err(format!("crane-proxy at {addr} answered {a:?} to Hello")),
+        Err(e) => return Err(format!("crane-proxy at {addr}: {e}")),
+    };
+    w.set_read_timeout(None).map_err(|e| e.to_string())?;
+    Ok((w, limits, proxy_minor))
+}
+
+impl Session {
     pub fn new_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -401,7 +529,7 @@ impl Session {
         self.dead().map(|why| {
             format!(
                 "the connection to crane-proxy at {} broke: {why}",
-                self.addr
+                self.addr()
             )
         })
     }
@@ -431,6 +559,11 @@ impl Session {
             warn!("cannot encode {}: {e}", call.name());
             return Err(CL_INVALID_VALUE);
         }
+        // Crane's own rebuild (the gate shut) ends in a checkpoint, which
+        // needs no copy of what it wrote.
+        if o.journal.record(seq, call, payload, crate::gate::is_open()) == After::Checkpoint {
+            ask_checkpoint();
+        }
         self.sent.fetch_add(payload.len() as u64, Ordering::Relaxed);
         let r = if payload.len() > COPY_LIMIT {
             let batch = std::mem::take(&mut o.batch);
@@ -456,10 +589,23 @@ impl Session {
             }
         };
         if let Err(e) = r {
-            self.die(format!("sending to crane-proxy failed: {e}"));
-            return Err(GONE);
+            return self.send_failed(o, e).map(|()| seq);
         }
         Ok(seq)
+    }
+
+    /// A send failed: the connection is gone. With a usable journal the call
+    /// is in it and a recovery will send it again (the reader thread notices
+    /// the broken connection too); without, the session is dead.
+    fn send_failed(&self, o: &mut Out, e: std::io::Error) -> Result<(), cl_int> {
+        o.batch.clear();
+        if o.journal.usable() && !self.closed.load(Ordering::Acquire) {
+            debug!("sending to crane-proxy failed ({e}); the call waits for the recovery");
+            o.w.shutdown();
+            return Ok(());
+        }
+        self.die(format!("sending to crane-proxy failed: {e}"));
+        Err(GONE)
     }
 
     /// Sends a posted call; `flush` sends the batch now (for calls that may
@@ -528,9 +674,7 @@ impl Session {
         let r = o.w.write_all(&o.batch);
         o.batch.clear();
         if let Err(e) = r {
-            drop(guard);
-            self.die(format!("sending to crane-proxy failed: {e}"));
-            return Err(GONE);
+            return self.send_failed(o, e);
         }
         Ok(())
     }
@@ -569,7 +713,7 @@ impl Session {
         };
         let t0 = self.trace.is_some().then(std::time::Instant::now);
         let _waiting = Waiting::new(&self.shared.waiting);
-        let seq = self.send_with_slot(call, payload, slot)?;
+        let mut seq = self.send_with_slot(call, payload, slot)?;
         let t1 = self.trace.is_some().then(std::time::Instant::now);
         let spin = Duration::from_micros(crate::config::get().remote_spin_us);
         let mut spin_until = (!spin.is_zero()).then(|| std::time::Instant::now() + spin);
@@ -595,6 +739,10 @@ impl Session {
                         st.slots.remove(&seq);
                         return Err(GONE);
                     }
+                } else if let Some(n) = st.renumbered.remove(&seq) {
+                    // A replay on another proxy sent the call again.
+                    seq = n;
+                    continue;
                 } else {
                     return Err(GONE);
                 }
@@ -743,9 +891,10 @@ impl Session {
         }
         {
             let mut o = lock(&self.out);
-            if lock(&self.shared.state).dead.is_none() {
+            if lock(&self.shared.state).dead.is_none() && !self.is_recovering() {
                 let _ = self.enqueue(&mut o, &Call::Bye, &[], true);
             }
+            o.journal.give_up_quietly();
             o.w.shutdown();
         }
         if let Some(r) = lock(&self.reader).take() {
@@ -874,25 +1023,71 @@ fn reader_loop(
     // three; large payloads still go straight into their destination.
     let mut r = std::io::BufReader::with_capacity(64 << 10, r);
     let mut body = Vec::new();
-    let why = loop {
+    // Whether the connection broke (the proxy died, the network failed), as
+    // opposed to the proxy ending the session or breaking the protocol.
+    let (why, broke) = loop {
         let h = match crane_wire::read_frame(&mut r, max_payload, &mut body) {
             Ok(Some(h)) => h,
-            Ok(None) => break "crane-proxy closed the connection".to_string(),
-            Err(WireError::Io(e)) => break format!("the connection to crane-proxy failed: {e}"),
-            Err(e) => break format!("crane-proxy sent something that is not a frame: {e}"),
+            Ok(None) => break ("crane-proxy closed the connection".to_string(), true),
+            Err(WireError::Io(e)) => {
+                break (format!("the connection to crane-proxy failed: {e}"), true);
+            }
+            Err(e) => {
+                break (
+                    format!("crane-proxy sent something that is not a frame: {e}"),
+                    false,
+                );
+            }
         };
         let answer = match crane_wire::decode::<Answer>(&body) {
             Ok(a) => a,
-            Err(e) => break format!("crane-proxy sent an undecodable answer: {e}"),
+            Err(e) => {
+                break (
+                    format!("crane-proxy sent an undecodable answer: {e}"),
+                    false,
+                );
+            }
         };
         if let Err(e) = handle(&mut r, &shared, &session, h, answer) {
             break e;
         }
         r.get_mut().hot_until = Some(Instant::now() + spin);
     };
+    // Unblocks a thread writing to the dead connection (a send to a proxy
+    // domain that vanished would otherwise wait for TCP to give up).
+    r.get_ref().s.shutdown();
     let closing = session
         .upgrade()
         .is_none_or(|s| s.closed.load(Ordering::Acquire));
+    if !closing
+        && broke
+        && let Some(s) = session.upgrade()
+    {
+        {
+            let mut r = lock(&shared.recov);
+            if r.active {
+                // The connection of a replay broke: the recovery tries again.
+                r.broke = true;
+                return;
+            }
+            r.active = true;
+        }
+        let told = why.clone();
+        let spawned = std::thread::Builder::new()
+            .name("crane-recover".into())
+            .spawn(move || {
+                let result = recover(&s, told);
+                lock(&s.shared.recov).active = false;
+                if let Err(why) = result {
+                    die(&s.shared, why);
+                }
+            });
+        if let Err(e) = spawned {
+            lock(&shared.recov).active = false;
+            die(&shared, format!("{why} (cannot start a recovery: {e})"));
+        }
+        return;
+    }
     if closing {
         let mut st = lock(&shared.state);
         st.dead
@@ -904,26 +1099,35 @@ fn reader_loop(
     }
 }
 
+/// Handles one frame from the proxy. An error says why the session cannot
+/// go on, and whether it is the connection that broke (a replay may then
+/// save it) rather than the proxy that misbehaved.
 fn handle(
     r: &mut impl Read,
     shared: &Shared,
     session: &std::sync::Weak<Session>,
     h: Header,
     answer: Answer,
-) -> Result<(), String> {
+) -> Result<(), (String, bool)> {
+    let protocol = |why: String| (why, false);
     if h.seq == 0 {
         match answer {
             Answer::Failed { seq, status } => {
-                shared.failures.fetch_add(1, Ordering::AcqRel);
-                if shared.failures_logged.fetch_add(1, Ordering::Relaxed) < 20 {
-                    warn!(
-                        "crane-proxy: posted call #{seq} failed with OpenCL error {}",
-                        crate::entry::error_text(status)
-                    );
-                }
                 let mut st = lock(&shared.state);
-                if st.failed.len() < 1024 {
-                    st.failed.push((seq, status));
+                if !replay_failure(&mut st, seq, status) {
+                    shared.failures.fetch_add(1, Ordering::AcqRel);
+                    if shared.failures_logged.fetch_add(1, Ordering::Relaxed) < 20 {
+                        warn!(
+                            "crane-proxy: posted call #{seq} failed with OpenCL error {}",
+                            crate::entry::error_text(status)
+                        );
+                    }
+                    if st.reported.len() < 1 << 20 {
+                        st.reported.insert(seq);
+                    }
+                    if st.failed.len() < 1024 {
+                        st.failed.push((seq, status));
+                    }
                 }
             }
             Answer::EventFired { cookie, status } => {
@@ -934,18 +1138,18 @@ fn handle(
                 }
             }
             Answer::Goodbye { reason } => {
-                return Err(format!("crane-proxy ended the session: {reason}"));
+                return Err(protocol(format!("crane-proxy ended the session: {reason}")));
             }
             Answer::Output => {
                 // The kernels' printf output, before the answer of the call
                 // that waited for them, as a local vendor would print it.
                 let mut v = vec![0u8; h.payload_len as usize];
                 r.read_exact(&mut v)
-                    .map_err(|e| format!("reading from crane-proxy: {e}"))?;
+                    .map_err(|e| (format!("reading from crane-proxy: {e}"), true))?;
                 write_stdout(&v);
                 return Ok(());
             }
-            a => return Err(format!("crane-proxy sent an unexpected {a:?}")),
+            a => return Err(protocol(format!("crane-proxy sent an unexpected {a:?}"))),
         }
         skip(r, h.payload_len)?;
         return Ok(());
@@ -955,10 +1159,10 @@ fn handle(
     let (dest, waiter, landing, ticket) = {
         let mut st = lock(&shared.state);
         let Some(slot) = st.slots.get_mut(&h.seq) else {
-            return Err(format!(
+            return Err(protocol(format!(
                 "crane-proxy answered call #{} that nobody waits for",
                 h.seq
-            ));
+            )));
         };
         (
             std::mem::replace(&mut slot.dest, Dest::Keep),
@@ -976,31 +1180,44 @@ fn handle(
     let header_at = traced.then(std::time::Instant::now);
     let mut kept = Vec::new();
     let ok_data = matches!(answer, Answer::Data(CL_SUCCESS));
+    // The connection broke inside the data: the slot gets back what it had,
+    // so that a replay's answer lands where this one would have.
+    let restore = |dest: Dest, landing: Vec<Arc<RObj>>, ticket: Option<(Arc<RObj>, u64)>| {
+        if let Some(slot) = lock(&shared.state).slots.get_mut(&h.seq) {
+            slot.dest = dest;
+            slot.landing = landing;
+            slot.ticket = ticket;
+        }
+    };
     match dest {
         Dest::Memory(p, len) if ok_data && len == n => {
             // SAFETY: `p` is application memory of `len` bytes that OpenCL
             // keeps valid until this read completes (see `Dest`).
             let buf = unsafe { std::slice::from_raw_parts_mut(p, len) };
-            r.read_exact(buf)
-                .map_err(|e| format!("reading data from crane-proxy: {e}"))?;
+            if let Err(e) = r.read_exact(buf) {
+                restore(Dest::Memory(p, len), landing, ticket);
+                return Err((format!("reading data from crane-proxy: {e}"), true));
+            }
         }
         Dest::Scatter(f) if ok_data => {
             let mut v = vec![0u8; n];
-            r.read_exact(&mut v)
-                .map_err(|e| format!("reading data from crane-proxy: {e}"))?;
+            if let Err(e) = r.read_exact(&mut v) {
+                restore(Dest::Scatter(f), landing, ticket);
+                return Err((format!("reading data from crane-proxy: {e}"), true));
+            }
             f(&v);
         }
         Dest::Keep => {
             kept = vec![0u8; n];
             r.read_exact(&mut kept)
-                .map_err(|e| format!("reading from crane-proxy: {e}"))?;
+                .map_err(|e| (format!("reading from crane-proxy: {e}"), true))?;
         }
         _ => {
             if ok_data {
-                return Err(format!(
+                return Err(protocol(format!(
                     "crane-proxy sent {n} bytes for a read of a different size (call #{})",
                     h.seq
-                ));
+                )));
             }
             skip(r, h.payload_len)?;
         }
@@ -1065,14 +1282,562 @@ fn land_ticket(queue: &RObj, ticket: u64) {
         .remove(&ticket);
 }
 
-fn skip(r: &mut impl Read, n: u64) -> Result<(), String> {
+fn skip(r: &mut impl Read, n: u64) -> Result<(), (String, bool)> {
     std::io::copy(&mut r.take(n), &mut std::io::sink())
-        .map_err(|e| format!("reading from crane-proxy: {e}"))
+        .map_err(|e| (format!("reading from crane-proxy: {e}"), true))
         .and_then(|got| {
             if got == n {
                 Ok(())
             } else {
-                Err("crane-proxy closed the connection mid-frame".into())
+                Err(("crane-proxy closed the connection mid-frame".into(), true))
             }
         })
+}
+
+/// During a replay, takes a posted call's failure if it belongs to the
+/// replay: one that failed before too (already reported: dropped), or one
+/// that had succeeded, or a call of the replay's own (the replay diverged).
+/// A call sent after the last checkpoint failing for the first time is an
+/// ordinary failure (it may never have been reported before the proxy died).
+fn replay_failure(st: &mut State, seq: u64, status: cl_int) -> bool {
+    let Some(rc) = st.replay.as_mut() else {
+        return false;
+    };
+    let before = rc.before.contains(&seq);
+    if rc.internal.contains(&seq) || (rc.state.contains(&seq) && !before) {
+        rc.diverged.push((seq, status));
+        return true;
+    }
+    before
+}
+
+/// Asks for a checkpoint (the journal has grown past its limit), taken on a
+/// thread of its own as the control socket's requests are.
+fn ask_checkpoint() {
+    let spawned = std::thread::Builder::new()
+        .name("crane-checkpoint".into())
+        .spawn(|| {
+            let _one_at_a_time = crate::control::exclusive();
+            if let Err(e) = crate::lifecycle::checkpoint(Duration::from_secs(30)) {
+                warn!("a checkpoint of the remote session failed: {e}");
+            }
+        });
+    if let Err(e) = spawned {
+        warn!("cannot start a checkpoint: {e}");
+    }
+}
+
+/// The most recoveries between two checkpoints: a replay that ends its
+/// proxy again (or a proxy that keeps dying) is not tried for ever.
+const MAX_RECOVERIES: u32 = 5;
+
+/// How often a recovery tries to reach a proxy.
+const RECONNECT_EVERY: Duration = Duration::from_millis(250);
+
+/// After the connection to crane-proxy broke: waits for a proxy (the same
+/// address, restarted, or the one a `Remote` request names meanwhile),
+/// replays the journal there and carries on; the application's calls wait
+/// meanwhile. Returns why it could not.
+fn recover(s: &Arc<Session>, why: String) -> Result<(), String> {
+    let start = Instant::now();
+    if !lock(&s.out).journal.usable() {
+        let j = s.journal_state().3.err().unwrap_or_default();
+        return Err(format!("{why} (no replay: {j})"));
+    }
+    if s.recoveries.fetch_add(1, Ordering::AcqRel) >= MAX_RECOVERIES {
+        return Err(format!(
+            "{why} ({MAX_RECOVERIES} recoveries since the last checkpoint: giving up)"
+        ));
+    }
+    let wait = Duration::from_secs(crate::config::get().remote_recover_s);
+    warn!(
+        "{why}; waiting up to {}s for crane-proxy at {} (or the address a \
+         `cranectl remote PID --proxy ADDR` gives) to take the session back",
+        wait.as_secs(),
+        s.addr()
+    );
+    loop {
+        let result = reconnect_and_replay(s, start, wait);
+        let mut r = lock(&s.shared.recov);
+        let broke = std::mem::take(&mut r.broke);
+        match result {
+            // Done, unless the new connection broke meanwhile (its reader
+            // left the recovery to us).
+            Ok(()) if !broke => return Ok(()),
+            Ok(()) => warn!("the new connection to crane-proxy broke too; trying again"),
+            Err(Replay::Broken(e)) if start.elapsed() < wait => {
+                warn!(
+                    "the new connection to crane-proxy broke during the replay ({e}); trying again"
+                );
+            }
+            Err(Replay::Broken(e) | Replay::Failed(e)) => {
+                return Err(format!("{why}; {e}"));
+            }
+        }
+        drop(r);
+        lock(&s.shared.state).replay = None;
+        std::thread::sleep(RECONNECT_EVERY);
+    }
+}
+
+/// Why a replay stopped.
+enum Replay {
+    /// The new connection broke: worth another try.
+    Broken(String),
+    /// The replay cannot work (no proxy came, it diverged).
+    Failed(String),
+}
+
+impl From<std::io::Error> for Replay {
+    fn from(e: std::io::Error) -> Replay {
+        Replay::Broken(e.to_string())
+    }
+}
+
+fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Result<(), Replay> {
+    let (w, limits, addr, token) = loop {
+        if s.closed.load(Ordering::Acquire) {
+            return Err(Replay::Failed("the session was closed".into()));
+        }
+        let (addr, token) = lock(&s.redirect)
+            .clone()
+            .map(|(a, t)| (a, t.unwrap_or_else(|| lock(&s.token).clone())))
+            .unwrap_or_else(|| (s.addr(), lock(&s.token).clone()));
+        match handshake(&addr, &token) {
+            Ok((w, limits, _)) => break (w, limits, addr, token),
+            Err(e) if start.elapsed() >= wait => {
+                return Err(Replay::Failed(format!(
+                    "no crane-proxy took the session back within {}s (last try: {e})",
+                    wait.as_secs()
+                )));
+            }
+            Err(_) => std::thread::sleep(RECONNECT_EVERY),
+        }
+    };
+    if limits.max_payload < s.limits.max_payload {
+        return Err(Replay::Failed(format!(
+            "crane-proxy at {addr} takes smaller frames than the one that died"
+        )));
+    }
+    let r = w.try_clone()?;
+    let mut o = lock(&s.out);
+    o.w = w;
+    s.start_reader(r).map_err(Replay::Failed)?;
+    let t = Instant::now();
+    let (calls, bytes) = replay(s, &mut o).map_err(|e| {
+        o.w.shutdown();
+        match e {
+            Replay::Failed(e) => Replay::Failed(format!(
+                "replaying the session on crane-proxy at {addr} failed: {e}"
+            )),
+            broken => broken,
+        }
+    })?;
+    *lock(&s.addr) = addr.clone();
+    *lock(&s.token) = token;
+    lock(&s.redirect).take();
+    warn!(
+        "crane-proxy at {addr} took the session back: {calls} call(s) and {} KiB replayed \
+         in {} ms, {} ms after the connection broke",
+        bytes >> 10,
+        t.elapsed().as_millis(),
+        start.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// Sends the journal to a fresh proxy: the state at the last checkpoint
+/// (objects made, memory filled from RAM), then every call since, except
+/// queries and reads that were answered; calls still waiting for an answer
+/// get it from the new proxy. Ends with a round trip that shows whether
+/// anything that had worked failed there. Returns the calls and payload bytes
+/// sent.
+fn replay(s: &Session, o: &mut Out) -> Result<(u64, u64), Replay> {
+    let pending: HashSet<u64> = lock(&s.shared.state).slots.keys().copied().collect();
+    let since = o.journal.since;
+    lock(&s.shared.state).replay = Some(ReplayCheck::default());
+    // What was batched is in the journal: it goes with the replay.
+    o.batch.clear();
+    let mut entries = std::mem::take(&mut o.journal.entries);
+    let result = replay_entries(s, o, &mut entries, since, &pending);
+    o.journal.entries = entries;
+    let sent = result?;
+    // Everything sent: a round trip, after which every failure is known.
+    let seq = internal_call(s, o, &Call::Sync, &[], true)?;
+    match wait_answer(s, seq)? {
+        Answer::Status(_) => {}
+        a => {
+            return Err(Replay::Failed(format!(
+                "crane-proxy answered {a:?} to Sync"
+            )));
+        }
+    }
+    let diverged = lock(&s.shared.state)
+        .replay
+        .take()
+        .map(|r| r.diverged)
+        .unwrap_or_default();
+    if let Some((seq, status)) = diverged.first() {
+        let name = o
+            .journal
+            .entries
+            .iter()
+            .find(|e| e.seq == *seq)
+            .map_or("a call of the replay's own", |e| e.call.name());
+        return Err(Replay::Failed(format!(
+            "{name} (#{seq}), which had succeeded, failed there with OpenCL error {}",
+            crate::entry::error_text(*status)
+        )));
+    }
+    o.idle = false;
+    Ok(sent)
+}
+
+fn replay_entries(
+    s: &Session,
+    o: &mut Out,
+    entries: &mut [super::journal::Entry],
+    since: usize,
+    pending: &HashSet<u64>,
+) -> Result<(u64, u64), Replay> {
+    let (mut calls, mut bytes) = (0u64, 0u64);
+    // Per context, the queue of the replay's own that fills memory.
+    let mut fillers: Vec<(crane_wire::Id, crane_wire::Id)> = Vec::new();
+    // Events of commands that had completed, remade by markers: waited for
+    // before the application goes on, so that none looks less complete
+    // than it was (their commands did complete before).
+    let mut done: Vec<crane_wire::Id> = Vec::new();
+    for (i, e) in entries.iter_mut().enumerate() {
+        if i == since {
+            finish_fillers(s, o, &mut fillers)?;
+        }
+        let waited = pending.contains(&e.seq);
+        if e.call.replies() && !waited && !makes_objects(&e.call) {
+            // A query or read that was answered. A read's event is made
+            // again by a marker in its place (later calls may name it).
+            match super::journal::read_event(&e.call) {
+                Some(marker) => e.call = marker,
+                None => continue,
+            }
+        }
+        if let Call::EnqueueMarker { sync, .. } = &e.call
+            && sync.event != 0
+            && (i < since || !waited)
+        {
+            done.push(sync.event);
+        }
+        o.seq += 1;
+        let seq = o.seq;
+        {
+            let mut st = lock(&s.shared.state);
+            // A call someone waits for keeps its slot under its new number;
+            // one sent for what it makes gets a slot nobody waits on.
+            if let Some(slot) = st.slots.remove(&e.seq) {
+                if slot.waiter.is_some() {
+                    st.renumbered.insert(e.seq, seq);
+                }
+                st.slots.insert(seq, slot);
+            } else if e.call.replies() {
+                st.slots.insert(seq, Slot::ignored());
+            }
+            let before = st.reported.contains(&e.seq);
+            if before {
+                st.reported.insert(seq);
+            }
+            if let Some(rc) = st.replay.as_mut() {
+                if i < since {
+                    rc.state.insert(seq);
+                }
+                if before {
+                    rc.before.insert(seq);
+                }
+            }
+        }
+        e.seq = seq;
+        send_frame(o, seq, &e.call, &e.payload)?;
+        calls += 1;
+        bytes += e.payload.len() as u64;
+        if let Some(c) = &e.content {
+            bytes += fill(s, o, &e.call, c, &mut fillers)?;
+        }
+    }
+    finish_fillers(s, o, &mut fillers)?;
+    // (Those the application has released since are gone there too.)
+    let released: HashSet<crane_wire::Id> = entries
+        .iter()
+        .filter_map(|e| match e.call {
+            Call::Release { id } => Some(id),
+            _ => None,
+        })
+        .collect();
+    done.retain(|ev| !released.contains(ev));
+    if !done.is_empty() {
+        let seq = internal_call(s, o, &Call::WaitForEvents { events: done }, &[], true)?;
+        wait_answer(s, seq)?;
+    }
+    o.w.write_all(&o.batch)?;
+    o.batch.clear();
+    Ok((calls, bytes))
+}
+
+/// Appends a frame to the batch, or sends batch and frame when the payload is
+/// large.
+fn send_frame(o: &mut Out, seq: u64, call: &Call, payload: &[u8]) -> Result<(), Replay> {
+    crane_wire::encode(&mut o.batch, seq, call, payload.len() as u64)
+        .map_err(|e| Replay::Failed(format!("cannot encode {}: {e}", call.name())))?;
+    if payload.len() > COPY_LIMIT {
+        let batch = std::mem::take(&mut o.batch);
+        let r = write_two(&mut o.w, &batch, payload);
+        o.batch = batch;
+        o.batch.clear();
+        Ok(r?)
+    } else {
+        o.batch.extend_from_slice(payload);
+        if o.batch.len() >= BATCH_LIMIT {
+            let r = o.w.write_all(&o.batch);
+            o.batch.clear();
+            r?;
+        }
+        Ok(())
+    }
+}
+
+/// A call of the replay's own, with a fresh seq; `answered`: the replay
+/// waits for its answer.
+fn internal_call(
+    s: &Session,
+    o: &mut Out,
+    call: &Call,
+    payload: &[u8],
+    answered: bool,
+) -> Result<u64, Replay> {
+    o.seq += 1;
+    let seq = o.seq;
+    {
+        let mut st = lock(&s.shared.state);
+        if let Some(rc) = st.replay.as_mut() {
+            rc.internal.insert(seq);
+        }
+        if answered {
+            st.slots.insert(
+                seq,
+                Slot {
+                    waiter: Some(std::thread::current()),
+                    ..Slot::ignored()
+                },
+            );
+        }
+    }
+    send_frame(o, seq, call, payload)?;
+    if answered {
+        o.w.write_all(&o.batch)?;
+        o.batch.clear();
+    }
+    Ok(seq)
+}
+
+/// Waits for the answer to a call of the replay's own.
+fn wait_answer(s: &Session, seq: u64) -> Result<Answer, Replay> {
+    let end = Instant::now() + Duration::from_secs(120);
+    loop {
+        {
+            let mut st = lock(&s.shared.state);
+            if let Some(slot) = st.slots.get_mut(&seq)
+                && let Some((a, _)) = slot.answer.take()
+            {
+                st.slots.remove(&seq);
+                return Ok(a);
+            }
+            if let Some(why) = &st.dead {
+                return Err(Replay::Failed(why.clone()));
+            }
+        }
+        if lock(&s.shared.recov).broke {
+            lock(&s.shared.state).slots.remove(&seq);
+            return Err(Replay::Broken("the new connection broke too".into()));
+        }
+        if Instant::now() >= end {
+            return Err(Replay::Failed(
+                "crane-proxy did not answer within 120 s".into(),
+            ));
+        }
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+/// Fills a memory object just made at a replay with what it held at the
+/// last checkpoint, on a queue of the replay's own. Returns the bytes sent.
+fn fill(
+    s: &Session,
+    o: &mut Out,
+    made: &Call,
+    c: &Content,
+    fillers: &mut Vec<(crane_wire::Id, crane_wire::Id)>,
+) -> Result<u64, Replay> {
+    let m = &c.mem;
+    let id = match made {
+        Call::CreateBuffer { id, .. } | Call::CreateImage { id, .. } => *id,
+        _ => return Ok(0),
+    };
+    let shadow = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+    let data: &[u8] = match (&c.copy, &shadow.data) {
+        (Some(copy), _) => copy,
+        (None, Some(d)) => d,
+        (None, None) => return Ok(0),
+    };
+    let queue = match fillers.iter().find(|f| f.0 == c.context) {
+        Some(f) => f.1,
+        None => {
+            let q = s.new_id();
+            internal_call(
+                s,
+                o,
+                &Call::CreateQueue {
+                    id: q,
+                    context: c.context,
+                    device: c.device,
+                    props: Vec::new(),
+                },
+                &[],
+                false,
+            )?;
+            fillers.push((c.context, q));
+            q
+        }
+    };
+    let max = (s.limits.max_payload as usize).max(1);
+    // Memory the host may not write is filled through a buffer of the
+    // replay's own and a copy on the device (as `api::fill_large` does).
+    let staged = m.flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS) != 0;
+    let target = if staged {
+        let t = s.new_id();
+        internal_call(
+            s,
+            o,
+            &Call::CreateBuffer {
+                id: t,
+                context: c.context,
+                flags: CL_MEM_READ_WRITE,
+                size: data.len() as u64,
+                props: Vec::new(),
+                init: false,
+            },
+            &[],
+            false,
+        )?;
+        t
+    } else {
+        id
+    };
+    let write_pieces = |o: &mut Out| -> Result<(), Replay> {
+        for (k, piece) in data.chunks(max).enumerate() {
+            internal_call(
+                s,
+                o,
+                &Call::EnqueueWriteBuffer {
+                    queue,
+                    buffer: target,
+                    offset: (k * max) as u64,
+                    size: piece.len() as u64,
+                    sync: Default::default(),
+                },
+                piece,
+                false,
+            )?;
+        }
+        Ok(())
+    };
+    if staged {
+        write_pieces(o)?;
+        let copy = match &m.kind {
+            crate::objects::MemKind::Image { desc, .. } => Call::EnqueueCopyBufferToImage {
+                queue,
+                src: target,
+                dst: id,
+                src_offset: 0,
+                dst_origin: [0; 3],
+                region: crate::api::memory::image_region(desc).map(|v| v as u64),
+                sync: Default::default(),
+            },
+            _ => Call::EnqueueCopyBuffer {
+                queue,
+                src: target,
+                dst: id,
+                src_offset: 0,
+                dst_offset: 0,
+                size: data.len() as u64,
+                sync: Default::default(),
+            },
+        };
+        internal_call(s, o, &copy, &[], false)?;
+        internal_call(s, o, &Call::Release { id: target }, &[], false)?;
+        return Ok(data.len() as u64);
+    }
+    if let crate::objects::MemKind::Image { desc, .. } = &m.kind {
+        if data.len() > max {
+            return Err(Replay::Failed(format!(
+                "an image of {} bytes is larger than one frame",
+                data.len()
+            )));
+        }
+        let region = crate::api::memory::image_region(desc).map(|v| v as u64);
+        internal_call(
+            s,
+            o,
+            &Call::EnqueueWriteImage {
+                queue,
+                image: id,
+                origin: [0; 3],
+                region,
+                sync: Default::default(),
+            },
+            data,
+            false,
+        )?;
+        return Ok(data.len() as u64);
+    }
+    write_pieces(o)?;
+    Ok(data.len() as u64)
+}
+
+/// Waits until every fill has landed (later calls on the application's own
+/// queues may read that memory) and releases the replay's queues.
+fn finish_fillers(
+    s: &Session,
+    o: &mut Out,
+    fillers: &mut Vec<(crane_wire::Id, crane_wire::Id)>,
+) -> Result<(), Replay> {
+    let mut waits = Vec::new();
+    for &(_, q) in fillers.iter() {
+        waits.push(internal_call(s, o, &Call::Finish { queue: q }, &[], true)?);
+    }
+    for seq in waits {
+        match wait_answer(s, seq)? {
+            Answer::Status(CL_SUCCESS) => {}
+            a => {
+                return Err(Replay::Failed(format!(
+                    "filling memory on the new proxy failed: {a:?}"
+                )));
+            }
+        }
+    }
+    for (_, q) in fillers.drain(..) {
+        internal_call(s, o, &Call::Release { id: q }, &[], false)?;
+    }
+    Ok(())
+}
+
+impl Slot {
+    /// A slot for an answer nobody waits for (a replayed call that makes
+    /// objects).
+    fn ignored() -> Slot {
+        Slot {
+            dest: Dest::Keep,
+            waiter: None,
+            answer: None,
+            arrived: None,
+            landing: Vec::new(),
+            ticket: None,
+        }
+    }
 }

@@ -12,6 +12,9 @@ use super::{built, scratch};
 pub struct Proxy {
     pub child: Child,
     pub addr: String,
+    /// How it was started, for [`Proxy::restart`].
+    options: Vec<String>,
+    env: Vec<(String, String)>,
     /// Holds the token file, the log and the unix socket; removed when
     /// dropped.
     dir: tempfile::TempDir,
@@ -50,18 +53,34 @@ impl Proxy {
         } else {
             format!("unix:{}", dir.path().join("proxy.sock").display())
         };
-        let child = Command::new(built("crane-proxy", "crane-proxy"))
-            .args(["--listen", &addr, "--token-file"])
-            .arg(&tf)
-            .args(options)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
-            .spawn()
-            .expect("start crane-proxy");
-        let p = Proxy { child, addr, dir };
+        let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let child = spawn(&addr, dir.path(), &options, &env);
+        let p = Proxy {
+            child,
+            addr,
+            options,
+            env,
+            dir,
+        };
         p.wait_ready();
         p
+    }
+
+    /// Kills the proxy (SIGKILL: no goodbye to anyone).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again, same address, tokens and options (after [`kill`]).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = spawn(&self.addr, self.dir.path(), &self.options, &self.env);
+        self.wait_ready();
     }
 
     pub fn log(&self) -> String {
@@ -102,6 +121,25 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Starts crane-proxy listening at `addr` with the token file in `dir`; its
+/// log is appended to `dir/log`.
+fn spawn(addr: &str, dir: &std::path::Path, options: &[String], env: &[(String, String)]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log"))
+        .unwrap();
+    Command::new(built("crane-proxy", "crane-proxy"))
+        .args(["--listen", addr, "--token-file"])
+        .arg(dir.join("tokens"))
+        .args(options)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stderr(log)
+        .spawn()
+        .expect("start crane-proxy")
 }
 
 impl Drop for Proxy {

@@ -1,0 +1,710 @@
+//! What a remote session keeps so that it survives crane-proxy's death
+//! (docs/reliability.md, "Surviving crane-proxy's death").
+//!
+//! Every call sent to the proxy is recorded here, in order, with its payload.
+//! Ids are the client's (the proxy takes the ids it is given), so sending the
+//! same calls to a fresh proxy makes the same objects under the same names,
+//! and the remote objects the application holds stay valid. Replaying from
+//! the session's start would need every byte ever written, so the journal is
+//! compacted at *checkpoints*: moments when the proxy's queues are drained
+//! and every buffer the proxy changed has been read back into its RAM copy
+//! (the shadow crane keeps anyway, `objects::Shadow`). At a checkpoint the
+//! journal keeps only what makes the objects (creations, builds, kernel
+//! arguments, releases, ...) and marks each memory object to be filled from
+//! its RAM copy right after it is made; transfers, kernel launches and
+//! queries go. What comes after the checkpoint is kept whole, with copies of
+//! the data written, until the next one.
+//!
+//! While the journal is armed the RAM copies stay as they were at the last
+//! checkpoint: host writes mark buffers dirty instead of updating them
+//! ([`FROZEN`]), and only the checkpoint itself replaces them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crane_wire::{Call, Id, KernelArg, Sync as WSync};
+
+use crate::objects::Mem;
+
+/// Set while a session's journal refers to RAM copies as they were at its
+/// last checkpoint: host writes must not change them (see `enqueue.rs`).
+pub static FROZEN: AtomicBool = AtomicBool::new(false);
+
+/// What an entry costs beyond its payload (the call itself, its vectors).
+const ENTRY_OVERHEAD: u64 = 160;
+
+/// Contents a memory object gets right after it is made at a replay: its RAM
+/// copy as of the last checkpoint (or, for `CL_MEM_USE_HOST_PTR` objects,
+/// the application's memory, which the checkpoint brought up to date).
+#[derive(Clone)]
+pub struct Content {
+    pub mem: Arc<Mem>,
+    pub context: Id,
+    pub device: Id,
+    /// For `CL_MEM_USE_HOST_PTR` buffers: the host memory as it was at the
+    /// checkpoint (the application goes on changing it).
+    pub copy: Option<Arc<[u8]>>,
+}
+
+pub struct Entry {
+    pub seq: u64,
+    pub call: Call,
+    pub payload: Vec<u8>,
+    /// The payload was not copied (crane's own rebuild, before the
+    /// checkpoint that ends it).
+    pub lost: bool,
+    pub content: Option<Content>,
+}
+
+#[derive(Default)]
+pub struct Journal {
+    pub entries: Vec<Entry>,
+    /// `entries[..since]` make the state of the last checkpoint;
+    /// `entries[since..]` were sent after it.
+    pub since: usize,
+    /// Bytes held (payloads and entries).
+    pub bytes: u64,
+    /// Bytes at which a checkpoint is asked for (0: no journal).
+    pub limit: u64,
+    /// Replays may use the journal (it has seen a checkpoint, or the session
+    /// was the application's own from its start).
+    pub armed: bool,
+    /// Why the journal was given up, if it was.
+    pub off: Option<String>,
+    /// A checkpoint has been asked for since the last one.
+    pub asked: bool,
+    /// Checkpoints so far.
+    pub checkpoints: u64,
+}
+
+/// What [`Journal::record`] asks of the session.
+#[derive(Debug, PartialEq, Eq)]
+pub enum After {
+    Nothing,
+    /// The journal has grown past its limit: take a checkpoint.
+    Checkpoint,
+}
+
+impl Journal {
+    pub fn new(limit: u64) -> Journal {
+        Journal {
+            limit,
+            off: (limit == 0).then(|| "CRANE_REMOTE_JOURNAL_MIB=0".to_string()),
+            ..Journal::default()
+        }
+    }
+
+    pub fn usable(&self) -> bool {
+        self.armed && self.off.is_none()
+    }
+
+    /// Records a call as it is sent. `copy`: keep a copy of the payload (the
+    /// application's calls); crane's own rebuild is followed by a checkpoint,
+    /// which needs no copy of the memory contents it wrote.
+    pub fn record(&mut self, seq: u64, call: &Call, payload: &[u8], copy: bool) -> After {
+        if self.off.is_some() || matches!(call, Call::Hello { .. } | Call::Bye) {
+            return After::Nothing;
+        }
+        // Memory contents written by crane's own rebuild are what the RAM
+        // copies hold, which the checkpoint at its end refers to; anything
+        // else (program binaries, IL) is kept.
+        let copy = copy
+            || !matches!(
+                call,
+                Call::CreateBuffer { .. }
+                    | Call::CreateImage { .. }
+                    | Call::EnqueueWriteBuffer { .. }
+                    | Call::EnqueueWriteBufferRect { .. }
+                    | Call::EnqueueWriteImage { .. }
+            );
+        let lost = !copy && !payload.is_empty();
+        let payload = if copy { payload.to_vec() } else { Vec::new() };
+        self.bytes += payload.len() as u64 + ENTRY_OVERHEAD;
+        self.entries.push(Entry {
+            seq,
+            call: call.clone(),
+            lost,
+            payload,
+            content: None,
+        });
+        if self.bytes > self.limit.saturating_mul(2) {
+            self.give_up(format!(
+                "the journal grew past {} MiB without a checkpoint",
+                self.limit.saturating_mul(2) >> 20
+            ));
+            return After::Nothing;
+        }
+        if self.bytes > self.limit && !self.asked {
+            self.asked = true;
+            return After::Checkpoint;
+        }
+        After::Nothing
+    }
+
+    /// Stops keeping a journal: a proxy's death then ends the application's
+    /// OpenCL work, as without one.
+    pub fn give_up(&mut self, why: String) {
+        if self.off.is_none() {
+            crate::config::warn!(
+                "crane-proxy's death can no longer be survived by this process: {why}"
+            );
+            self.off = Some(why);
+        }
+        self.entries = Vec::new();
+        self.since = 0;
+        self.bytes = 0;
+        self.armed = false;
+        FROZEN.store(false, Ordering::Relaxed);
+    }
+
+    /// Drops the journal without a word (the session is closing).
+    pub fn give_up_quietly(&mut self) {
+        if self.off.is_none() {
+            self.off = Some("the session was closed".into());
+        }
+        self.entries = Vec::new();
+        self.since = 0;
+        self.bytes = 0;
+        self.armed = false;
+        FROZEN.store(false, Ordering::Relaxed);
+    }
+
+    /// Compacts at a checkpoint: the proxy is drained, every memory object
+    /// whose contents matter has them in `contents` (by id), and `failed`
+    /// are the posted calls the proxy reported as failed. `pending_cookies`:
+    /// event callbacks that have not fired.
+    pub fn compact(
+        &mut self,
+        contents: &HashMap<Id, Content>,
+        failed: &HashSet<u64>,
+        pending_cookies: &HashSet<u64>,
+    ) {
+        if self.off.is_some() {
+            return;
+        }
+        let released: HashSet<Id> = self
+            .entries
+            .iter()
+            .filter_map(|e| match e.call {
+                Call::Release { id } => Some(id),
+                _ => None,
+            })
+            .collect();
+        let mut kept = Vec::with_capacity(self.since + 64);
+        // Events of commands that go: nothing may name them at a replay.
+        let mut unmade: HashSet<Id> = HashSet::new();
+        for mut e in std::mem::take(&mut self.entries) {
+            if let Some(event) = enqueued_event(&e.call) {
+                // A command's effect is in the RAM copies now; an event the
+                // application still holds is remade by a marker, complete at
+                // once on a drained queue.
+                let queue = enqueue_queue(&e.call).unwrap_or(0);
+                if event == 0 || released.contains(&event) || failed.contains(&e.seq) {
+                    unmade.insert(event);
+                    continue;
+                }
+                e.call = Call::EnqueueMarker {
+                    queue,
+                    sync: WSync {
+                        waits: Vec::new(),
+                        event,
+                    },
+                };
+                e.payload = Vec::new();
+                e.lost = false;
+                kept.push(e);
+                continue;
+            }
+            let keep = match &e.call {
+                Call::GetPlatformIds { ids } | Call::GetDeviceIds { ids, .. } => !ids.is_empty(),
+                Call::SetEventCallback { cookie, event, .. } => {
+                    pending_cookies.contains(cookie) && !unmade.contains(event)
+                }
+                Call::Release { id } => !unmade.contains(id),
+                c => changes_state(c),
+            };
+            if !keep {
+                continue;
+            }
+            match &mut e.call {
+                Call::CreateBuffer { id, init, .. } | Call::CreateImage { id, init, .. } => {
+                    if let Some(c) = contents.get(id) {
+                        *init = false;
+                        e.payload = Vec::new();
+                        e.lost = false;
+                        e.content = Some(c.clone());
+                    }
+                }
+                _ => {}
+            }
+            if e.lost {
+                self.give_up(format!(
+                    "{} made while moving has no copy of its contents to replay",
+                    e.call.name()
+                ));
+                return;
+            }
+            kept.push(e);
+        }
+        prune_kernel_args(&mut kept);
+        prune_released(&mut kept, &released);
+        self.bytes = kept
+            .iter()
+            .map(|e| {
+                let copy = e.content.as_ref().and_then(|c| c.copy.as_ref());
+                (e.payload.len() + copy.map_or(0, |c| c.len())) as u64 + ENTRY_OVERHEAD
+            })
+            .sum();
+        self.since = kept.len();
+        self.entries = kept;
+        self.armed = true;
+        self.asked = false;
+        self.checkpoints += 1;
+        FROZEN.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Calls that make or change objects (kept at a checkpoint); the rest are
+/// transfers, launches, waits and queries, whose effects the RAM copies hold.
+fn changes_state(c: &Call) -> bool {
+    use Call::*;
+    matches!(
+        c,
+        CreateSubDevices { .. }
+            | CreateContext { .. }
+            | CreateContextFromType { .. }
+            | CreateQueue { .. }
+            | CreateBuffer { .. }
+            | CreateSubBuffer { .. }
+            | CreateImage { .. }
+            | CreateSampler { .. }
+            | CreateProgramWithSource { .. }
+            | CreateProgramWithIl { .. }
+            | CreateProgramWithBinary { .. }
+            | CreateProgramWithBuiltInKernels { .. }
+            | BuildProgram { .. }
+            | CompileProgram { .. }
+            | LinkProgram { .. }
+            | SetSpecializationConstant { .. }
+            | CreateKernel { .. }
+            | CreateKernelsInProgram { .. }
+            | CloneKernel { .. }
+            | SetKernelArg { .. }
+            | CreateUserEvent { .. }
+            | SetUserEventStatus { .. }
+            | Release { .. }
+            | SetProgramSource { .. }
+    )
+}
+
+/// Whether a replayed call that the proxy answers makes objects (its answer
+/// is not waited for, but it must be sent), as opposed to a query.
+pub fn makes_objects(c: &Call) -> bool {
+    use Call::*;
+    match c {
+        GetPlatformIds { ids } | GetDeviceIds { ids, .. } => !ids.is_empty(),
+        CreateSubDevices { .. }
+        | CreateProgramWithBinary { .. }
+        | BuildProgram { .. }
+        | CompileProgram { .. }
+        | LinkProgram { .. }
+        | CreateKernelsInProgram { .. } => true,
+        _ => false,
+    }
+}
+
+/// The synchronisation of an enqueued command, if the call is one.
+fn enqueue_sync(c: &Call) -> Option<(Id, &WSync)> {
+    use Call::*;
+    match c {
+        EnqueueNdRange { queue, sync, .. }
+        | EnqueueWriteBuffer { queue, sync, .. }
+        | EnqueueReadBuffer { queue, sync, .. }
+        | EnqueueWriteBufferRect { queue, sync, .. }
+        | EnqueueReadBufferRect { queue, sync, .. }
+        | EnqueueWriteImage { queue, sync, .. }
+        | EnqueueReadImage { queue, sync, .. }
+        | EnqueueFillBuffer { queue, sync, .. }
+        | EnqueueFillImage { queue, sync, .. }
+        | EnqueueCopyBuffer { queue, sync, .. }
+        | EnqueueCopyBufferRect { queue, sync, .. }
+        | EnqueueCopyImage { queue, sync, .. }
+        | EnqueueCopyImageToBuffer { queue, sync, .. }
+        | EnqueueCopyBufferToImage { queue, sync, .. }
+        | EnqueueMarker { queue, sync }
+        | EnqueueBarrier { queue, sync }
+        | EnqueueMigrate { queue, sync, .. } => Some((*queue, sync)),
+        _ => None,
+    }
+}
+
+/// For a read that made an event: a marker making the same event after the
+/// same waits, to send in the read's place when its data is not wanted again.
+pub fn read_event(c: &Call) -> Option<Call> {
+    match c {
+        Call::EnqueueReadBuffer { queue, sync, .. }
+        | Call::EnqueueReadBufferRect { queue, sync, .. }
+        | Call::EnqueueReadImage { queue, sync, .. }
+            if sync.event != 0 =>
+        {
+            Some(Call::EnqueueMarker {
+                queue: *queue,
+                sync: sync.clone(),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn enqueued_event(c: &Call) -> Option<Id> {
+    enqueue_sync(c).map(|(_, s)| s.event)
+}
+
+fn enqueue_queue(c: &Call) -> Option<Id> {
+    enqueue_sync(c).map(|(q, _)| q)
+}
+
+/// Keeps only the last setting of each kernel argument (and the one in force
+/// when the kernel was cloned, which copies its arguments).
+fn prune_kernel_args(entries: &mut Vec<Entry>) {
+    let mut later: HashSet<(Id, u32)> = HashSet::new();
+    let mut drop = vec![false; entries.len()];
+    for (i, e) in entries.iter().enumerate().rev() {
+        match &e.call {
+            Call::SetKernelArg { kernel, index, .. } => {
+                drop[i] = !later.insert((*kernel, *index));
+            }
+            Call::CloneKernel { source, .. } => later.retain(|(k, _)| k != source),
+            _ => {}
+        }
+    }
+    let mut i = 0;
+    entries.retain(|_| {
+        i += 1;
+        !drop[i - 1]
+    });
+}
+
+/// The ids a call names, first the object it makes or acts on.
+fn ids(c: &Call) -> Vec<Id> {
+    use Call::*;
+    let mut v: Vec<Id> = match c {
+        GetDeviceIds { platform, ids, .. } => [vec![*platform], ids.clone()].concat(),
+        CreateSubDevices { device, ids, .. } => [vec![*device], ids.clone()].concat(),
+        CreateContext { id, devices, .. } => [vec![*id], devices.clone()].concat(),
+        CreateQueue {
+            id,
+            context,
+            device,
+            ..
+        } => vec![*id, *context, *device],
+        CreateBuffer { id, context, .. }
+        | CreateImage { id, context, .. }
+        | CreateSampler { id, context, .. }
+        | CreateProgramWithSource { id, context, .. }
+        | CreateProgramWithIl { id, context, .. }
+        | CreateUserEvent { id, context } => vec![*id, *context],
+        CreateContextFromType { id, .. } => vec![*id],
+        CreateSubBuffer { id, parent, .. } => vec![*id, *parent],
+        CreateProgramWithBinary {
+            id,
+            context,
+            devices,
+            ..
+        }
+        | CreateProgramWithBuiltInKernels {
+            id,
+            context,
+            devices,
+            ..
+        } => [vec![*id, *context], devices.clone()].concat(),
+        BuildProgram {
+            program, devices, ..
+        } => [vec![*program], devices.clone()].concat(),
+        CompileProgram {
+            program,
+            devices,
+            headers,
+            ..
+        } => [
+            vec![*program],
+            devices.clone(),
+            headers.iter().map(|h| h.0).collect(),
+        ]
+        .concat(),
+        LinkProgram {
+            id,
+            context,
+            devices,
+            inputs,
+            ..
+        } => [vec![*id, *context], devices.clone(), inputs.clone()].concat(),
+        SetSpecializationConstant { program, .. } | SetProgramSource { program, .. } => {
+            vec![*program]
+        }
+        CreateKernel { id, program, .. } => vec![*id, *program],
+        CreateKernelsInProgram { program, ids } => [vec![*program], ids.clone()].concat(),
+        CloneKernel { id, source } => vec![*id, *source],
+        SetKernelArg { kernel, arg, .. } => match arg {
+            KernelArg::Object(o) => vec![*kernel, *o],
+            _ => vec![*kernel],
+        },
+        SetUserEventStatus { event, .. } | SetEventCallback { event, .. } => vec![*event],
+        Release { id } => vec![*id],
+        c => match enqueue_sync(c) {
+            Some((q, s)) => [vec![q, s.event], s.waits.clone()].concat(),
+            None => Vec::new(),
+        },
+    };
+    v.retain(|&i| i != 0);
+    v
+}
+
+/// Whether a call only acts on its first id (so it goes with that object).
+fn acts_on_first(c: &Call) -> bool {
+    use Call::*;
+    matches!(
+        c,
+        SetKernelArg { .. }
+            | SetUserEventStatus { .. }
+            | SetEventCallback { .. }
+            | BuildProgram { .. }
+            | CompileProgram { .. }
+            | SetSpecializationConstant { .. }
+            | SetProgramSource { .. }
+            | Release { .. }
+    )
+}
+
+/// Drops objects the application has released that nothing kept still
+/// names: their creation, what acted on them alone, and their release (a
+/// loop that makes and frees a buffer per frame would otherwise grow the
+/// journal forever).
+fn prune_released(entries: &mut Vec<Entry>, released: &HashSet<Id>) {
+    // Per id: whether an entry that neither makes it nor acts on it alone
+    // names it (then it must stay).
+    let mut needed: HashSet<Id> = HashSet::new();
+    let mut made_alone: HashSet<Id> = HashSet::new();
+    for e in entries.iter() {
+        let v = ids(&e.call);
+        let single_maker = matches!(
+            e.call,
+            Call::CreateContext { .. }
+                | Call::CreateContextFromType { .. }
+                | Call::CreateQueue { .. }
+                | Call::CreateBuffer { .. }
+                | Call::CreateSubBuffer { .. }
+                | Call::CreateImage { .. }
+                | Call::CreateSampler { .. }
+                | Call::CreateProgramWithSource { .. }
+                | Call::CreateProgramWithIl { .. }
+                | Call::CreateProgramWithBinary { .. }
+                | Call::CreateProgramWithBuiltInKernels { .. }
+                | Call::LinkProgram { .. }
+                | Call::CreateKernel { .. }
+                | Call::CloneKernel { .. }
+                | Call::CreateUserEvent { .. }
+        );
+        let skip_first = single_maker || acts_on_first(&e.call);
+        if single_maker && let Some(&id) = v.first() {
+            made_alone.insert(id);
+        }
+        for (k, id) in v.into_iter().enumerate() {
+            if k == 0 && skip_first {
+                continue;
+            }
+            needed.insert(id);
+        }
+    }
+    let gone: HashSet<Id> = released
+        .iter()
+        .copied()
+        .filter(|id| made_alone.contains(id) && !needed.contains(id))
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    entries.retain(|e| {
+        let first = ids(&e.call).first().copied();
+        !(first.is_some_and(|id| gone.contains(&id))
+            && (acts_on_first(&e.call) || e.content.is_some() || changes_state(&e.call)))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn journal() -> Journal {
+        let mut j = Journal::new(1 << 20);
+        j.armed = true;
+        j
+    }
+
+    fn calls(j: &Journal) -> Vec<String> {
+        j.entries.iter().map(|e| format!("{:?}", e.call)).collect()
+    }
+
+    fn kernel_arg(kernel: Id, index: u32, v: u8) -> Call {
+        Call::SetKernelArg {
+            kernel,
+            index,
+            arg: KernelArg::Bytes(vec![v]),
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_keeps_objects_and_drops_work() {
+        let mut j = journal();
+        let sync = |event| WSync {
+            waits: Vec::new(),
+            event,
+        };
+        let script = [
+            Call::CreateContext {
+                id: 1,
+                props: vec![],
+                devices: vec![9],
+            },
+            Call::CreateQueue {
+                id: 2,
+                context: 1,
+                device: 9,
+                props: vec![],
+            },
+            Call::CreateBuffer {
+                id: 3,
+                context: 1,
+                flags: 0,
+                size: 4,
+                props: vec![],
+                init: true,
+            },
+            kernel_arg(5, 0, 1),
+            kernel_arg(5, 0, 2),
+            Call::EnqueueWriteBuffer {
+                queue: 2,
+                buffer: 3,
+                offset: 0,
+                size: 4,
+                sync: sync(6),
+            },
+            Call::EnqueueNdRange {
+                queue: 2,
+                kernel: 5,
+                dims: 1,
+                offset: None,
+                global: [1, 1, 1],
+                local: None,
+                sync: sync(7),
+            },
+            Call::Release { id: 7 },
+            Call::GetInfo {
+                kind: crane_wire::InfoKind::Mem,
+                object: 3,
+                param: 0,
+            },
+            Call::Finish { queue: 2 },
+        ];
+        for (i, c) in script.iter().enumerate() {
+            let payload: &[u8] = if matches!(
+                c,
+                Call::CreateBuffer { .. } | Call::EnqueueWriteBuffer { .. }
+            ) {
+                &[1, 2, 3, 4]
+            } else {
+                &[]
+            };
+            assert_eq!(j.record(i as u64 + 2, c, payload, true), After::Nothing);
+        }
+        j.compact(&HashMap::new(), &HashSet::new(), &HashSet::new());
+        let got = calls(&j);
+        // The context, queue and buffer stay (the buffer with its initial
+        // contents, having no RAM copy here); the last argument only; the
+        // write's event the application holds becomes a marker; the launch
+        // (its event released), the query and the wait go.
+        assert_eq!(got.len(), 5, "{got:#?}");
+        assert!(got[3].contains("Bytes([2])"), "{got:#?}");
+        assert!(got[4].starts_with("EnqueueMarker"), "{got:#?}");
+        assert_eq!(j.entries[2].payload, [1, 2, 3, 4]);
+        assert_eq!(j.since, 5);
+        assert!(FROZEN.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn released_objects_nothing_names_go() {
+        let mut j = journal();
+        for (i, c) in [
+            Call::CreateBuffer {
+                id: 3,
+                context: 1,
+                flags: 0,
+                size: 4,
+                props: vec![],
+                init: false,
+            },
+            Call::CreateBuffer {
+                id: 4,
+                context: 1,
+                flags: 0,
+                size: 4,
+                props: vec![],
+                init: false,
+            },
+            Call::CreateSubBuffer {
+                id: 5,
+                parent: 4,
+                flags: 0,
+                origin: 0,
+                size: 2,
+            },
+            Call::Release { id: 3 },
+            Call::Release { id: 4 },
+        ]
+        .iter()
+        .enumerate()
+        {
+            j.record(i as u64 + 2, c, &[], true);
+        }
+        j.compact(&HashMap::new(), &HashSet::new(), &HashSet::new());
+        let got = calls(&j);
+        // Buffer 3 is gone; buffer 4 stays, as its sub-buffer names it.
+        assert_eq!(got.len(), 3, "{got:#?}");
+        assert!(got.iter().all(|c| !c.contains("id: 3")), "{got:#?}");
+    }
+
+    #[test]
+    fn an_argument_in_force_at_a_clone_stays() {
+        let mut j = journal();
+        for (i, c) in [
+            kernel_arg(5, 0, 1),
+            Call::CloneKernel { id: 6, source: 5 },
+            kernel_arg(5, 0, 2),
+        ]
+        .iter()
+        .enumerate()
+        {
+            j.record(i as u64 + 2, c, &[], true);
+        }
+        j.compact(&HashMap::new(), &HashSet::new(), &HashSet::new());
+        assert_eq!(j.entries.len(), 3);
+    }
+
+    #[test]
+    fn a_journal_past_twice_its_limit_gives_up() {
+        let mut j = Journal::new(1000);
+        j.armed = true;
+        let w = Call::EnqueueWriteBuffer {
+            queue: 2,
+            buffer: 3,
+            offset: 0,
+            size: 800,
+            sync: WSync::default(),
+        };
+        assert_eq!(j.record(2, &w, &[0; 800], true), After::Nothing);
+        assert_eq!(j.record(3, &w, &[0; 800], true), After::Checkpoint);
+        assert_eq!(j.record(4, &w, &[0; 800], true), After::Nothing);
+        assert!(j.off.is_some() && j.entries.is_empty() && !j.usable());
+    }
+}

@@ -1,0 +1,243 @@
+//! Integration tier for surviving crane-proxy's death: a process on
+//! crane-proxy whose proxy is killed (SIGKILL, no goodbye) at random moments
+//! waits, replays its session on the restarted proxy (or on another one it
+//! is pointed at) and ends with exactly the result of an undisturbed native
+//! run; with no proxy to go to it fails with a clear error.
+
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crane_control::{Mode, Request, call, socket_path};
+
+mod common;
+use common::proxy::{Proxy, wait_socket};
+use common::{Rng, long_enough, native, result_line, scratch, under_crane};
+
+/// Starts `app` on `proxy` from its first call, with `env` besides.
+fn start_remote(
+    app: &str,
+    iters: &str,
+    run_dir: &Path,
+    proxy: &Proxy,
+    env: &[(&str, &str)],
+) -> Child {
+    under_crane(app, iters, run_dir)
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "k")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Kills and restarts `proxy` at random moments while `child` runs; returns
+/// its output and how many kills landed while it ran.
+fn kill_while_running(
+    child: Child,
+    proxy: &mut Proxy,
+    seed: u64,
+    max_kills: usize,
+) -> (std::process::Output, usize) {
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut rng = Rng(seed | 1);
+    let mut kills = 0;
+    let start = Instant::now();
+    while kills < max_kills && start.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(50 + rng.below(400)));
+        if waiter.is_finished() {
+            break;
+        }
+        proxy.kill();
+        kills += 1;
+        // Down for a while: the process must wait for it, not give up.
+        std::thread::sleep(Duration::from_millis(rng.below(700)));
+        proxy.restart();
+    }
+    (waiter.join().unwrap(), kills)
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `app` on a proxy killed and restarted at random moments, twice,
+/// with checkpoints now and then (a small journal) and without; each run
+/// must print the native result after at least two kills.
+fn survives(app: &str, iters: &str) {
+    for (seed, journal_mib) in [(0x9e3779b97f4a7c15u64, "1"), (0x2545f4914f6cdd1d, "1024")] {
+        let mut proxy = Proxy::start(&format!("death-{app}"), true, &[("k", "t")]);
+        let (iters, kills) = long_enough(app, iters, 2, |iters| {
+            let scratch = scratch(&format!("death-{app}-{seed:x}"));
+            let child = start_remote(
+                app,
+                iters,
+                scratch.path(),
+                &proxy,
+                &[("CRANE_REMOTE_JOURNAL_MIB", journal_mib)],
+            );
+            let (out, kills) = kill_while_running(child, &mut proxy, seed, 4);
+            assert!(
+                out.status.success(),
+                "{app} failed after {kills} proxy kill(s): {}",
+                stderr(&out)
+            );
+            if kills > 0 {
+                assert!(
+                    stderr(&out).contains("took the session back"),
+                    "{}",
+                    stderr(&out)
+                );
+            }
+            (result_line(&out.stdout), kills)
+        });
+        eprintln!(
+            "{app}: {kills} proxy kills at --iters {iters} (journal {journal_mib} MiB), \
+             result identical to native"
+        );
+    }
+}
+
+macro_rules! corpus_test {
+    ($name:ident, $iters:expr) => {
+        #[test]
+        fn $name() {
+            survives(stringify!($name), $iters);
+        }
+    };
+}
+
+corpus_test!(pingpong, "6000");
+corpus_test!(subbuffers, "3000");
+corpus_test!(images, "2000");
+corpus_test!(maps, "3000");
+corpus_test!(copies, "3000");
+// Not yet: `events` and `multictx` (profiling queries on events a replay
+// remade answer CL_PROFILING_INFO_NOT_AVAILABLE; docs/reliability.md).
+corpus_test!(frameloop, "600");
+corpus_test!(localmem, "3000");
+
+/// A process moved to the proxy (its session starts with crane's rebuild)
+/// and checkpointed on request; the proxy dies for good, and the process,
+/// pointed at another proxy with `cranectl remote`, carries on there, comes
+/// home, and ends with the native result.
+#[test]
+fn pointed_at_another_proxy_after_a_checkpoint() {
+    let want = native("pingpong", "20000");
+    let mut first = Proxy::start("death-first", true, &[("k", "t")]);
+    let second = Proxy::start("death-second", false, &[("k2", "t")]);
+    let scratch = scratch("death-moved");
+    let run_dir = scratch.path();
+    let release = run_dir.join("release");
+    let child = under_crane("pingpong", "20000", run_dir)
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(run_dir, child.id());
+    wait_socket(&sock);
+    let ask = |req: &Request| call(&sock, req, Duration::from_secs(90)).unwrap();
+    let r = ask(&Request::Remote {
+        proxy: first.addr.clone(),
+        token: Some("k".into()),
+        deadline_ms: 20_000,
+        device: None,
+    });
+    assert!(r.ok, "moving to the proxy failed: {:?}", r.error);
+    let r = ask(&Request::Checkpoint {
+        deadline_ms: 20_000,
+    });
+    assert!(r.ok, "the checkpoint failed: {:?}", r.error);
+    assert!(
+        r.phases.iter().any(|p| p.name == "compact"),
+        "{:?}",
+        r.phases
+    );
+    // The program runs on past its hold; the proxy dies under it.
+    std::fs::write(&release, b"").unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    first.kill();
+    std::thread::sleep(Duration::from_millis(300));
+    let r = ask(&Request::Remote {
+        proxy: second.addr.clone(),
+        token: Some("k2".into()),
+        deadline_ms: 20_000,
+        device: None,
+    });
+    assert!(
+        r.ok,
+        "pointing the process at another proxy failed: {:?}",
+        r.error
+    );
+    // Home again, from the second proxy (if it is still running).
+    let start = Instant::now();
+    loop {
+        match call(&sock, &Request::Status, Duration::from_secs(30)) {
+            Ok(st)
+                if st
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.mode == Mode::Remote && !s.busy) =>
+            {
+                let r = ask(&Request::Local {
+                    deadline_ms: 20_000,
+                    device: None,
+                });
+                if r.ok {
+                    break;
+                }
+            }
+            Ok(_) => {}
+            Err(_) => break, // it has finished
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{} took the session back", second.addr)),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
+
+/// With no proxy to go to, the process's OpenCL calls fail with a clear
+/// error once the wait is over, instead of hanging.
+#[test]
+fn no_proxy_to_go_to_fails_clearly() {
+    let mut proxy = Proxy::start("death-for-good", true, &[("k", "t")]);
+    let scratch = scratch("death-for-good");
+    let child = start_remote(
+        "pingpong",
+        "100000000",
+        scratch.path(),
+        &proxy,
+        &[("CRANE_REMOTE_RECOVER_S", "2")],
+    );
+    wait_socket(&socket_path(scratch.path(), child.id()));
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.kill();
+    let killed = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the app took {took:?} to give up"
+    );
+    assert!(
+        !out.status.success(),
+        "the app cannot have finished its work"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("no crane-proxy took the session back within 2s"),
+        "no clear message: {err}"
+    );
+}
