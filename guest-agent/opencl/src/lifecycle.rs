@@ -1536,6 +1536,9 @@ pub fn checkpoint(deadline: Duration) -> Result<Vec<Phase>, String> {
         }
     };
     tm.lap("read-dirty", bytes);
+    // A replay remakes the events of commands before now with markers: their
+    // status and profiling times are answered from what is kept here.
+    save_events();
     s.checkpoint(&journal_contents());
     let (calls, kept, _, _) = s.journal_state();
     tm.lap("compact", kept);

@@ -114,10 +114,10 @@ corpus_test!(subbuffers, "3000");
 corpus_test!(images, "2000");
 corpus_test!(maps, "3000");
 corpus_test!(copies, "3000");
-// Not yet: `events` and `multictx` (profiling queries on events a replay
-// remade answer CL_PROFILING_INFO_NOT_AVAILABLE; docs/reliability.md).
 corpus_test!(frameloop, "600");
 corpus_test!(localmem, "3000");
+corpus_test!(multictx, "2000");
+corpus_test!(events, "2000");
 
 /// A process moved to the proxy (its session starts with crane's rebuild)
 /// and checkpointed on request; the proxy dies for good, and the process,

@@ -315,7 +315,7 @@ pub fn makes_objects(c: &Call) -> bool {
 }
 
 /// The synchronisation of an enqueued command, if the call is one.
-fn enqueue_sync(c: &Call) -> Option<(Id, &WSync)> {
+pub fn enqueue_sync(c: &Call) -> Option<(Id, &WSync)> {
     use Call::*;
     match c {
         EnqueueNdRange { queue, sync, .. }
@@ -339,21 +339,13 @@ fn enqueue_sync(c: &Call) -> Option<(Id, &WSync)> {
     }
 }
 
-/// For a read that made an event: a marker making the same event after the
-/// same waits, to send in the read's place when its data is not wanted again.
-pub fn read_event(c: &Call) -> Option<Call> {
+/// Whether a call is a read that made an event.
+pub fn read_with_event(c: &Call) -> bool {
     match c {
-        Call::EnqueueReadBuffer { queue, sync, .. }
-        | Call::EnqueueReadBufferRect { queue, sync, .. }
-        | Call::EnqueueReadImage { queue, sync, .. }
-            if sync.event != 0 =>
-        {
-            Some(Call::EnqueueMarker {
-                queue: *queue,
-                sync: sync.clone(),
-            })
-        }
-        _ => None,
+        Call::EnqueueReadBuffer { sync, .. }
+        | Call::EnqueueReadBufferRect { sync, .. }
+        | Call::EnqueueReadImage { sync, .. } => sync.event != 0,
+        _ => false,
     }
 }
 

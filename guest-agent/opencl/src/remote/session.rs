@@ -1503,28 +1503,55 @@ fn replay_entries(
     let (mut calls, mut bytes) = (0u64, 0u64);
     // Per context, the queue of the replay's own that fills memory.
     let mut fillers: Vec<(crane_wire::Id, crane_wire::Id)> = Vec::new();
-    // Events of commands that had completed, remade by markers: waited for
-    // before the application goes on, so that none looks less complete
-    // than it was (their commands did complete before).
+    // Events of the commands replayed, waited for before the application
+    // goes on, so that none looks less complete than it was (a kernel whose
+    // event had completed must not be running again when the application
+    // asks for its profiling times): all but those held up by a user event
+    // the application has not set, and what follows them in their queue.
     let mut done: Vec<crane_wire::Id> = Vec::new();
+    let mut held: HashSet<crane_wire::Id> = entries
+        .iter()
+        .filter_map(|e| match e.call {
+            Call::CreateUserEvent { id, .. } => Some(id),
+            _ => None,
+        })
+        .collect();
+    for e in entries.iter() {
+        if let Call::SetUserEventStatus { event, .. } = e.call {
+            held.remove(&event);
+        }
+    }
+    let mut held_queues: HashSet<crane_wire::Id> = HashSet::new();
+    let mut queries: Vec<usize> = Vec::new();
     for (i, e) in entries.iter_mut().enumerate() {
         if i == since {
             finish_fillers(s, o, &mut fillers)?;
         }
         let waited = pending.contains(&e.seq);
-        if e.call.replies() && !waited && !makes_objects(&e.call) {
-            // A query or read that was answered. A read's event is made
-            // again by a marker in its place (later calls may name it).
-            match super::journal::read_event(&e.call) {
-                Some(marker) => e.call = marker,
-                None => continue,
-            }
+        if waited && matches!(e.call, Call::GetInfo { .. }) {
+            // A query someone waits for is asked once the replayed commands
+            // are done, so that it does not see them less complete than
+            // they were.
+            queries.push(i);
+            continue;
         }
-        if let Call::EnqueueMarker { sync, .. } = &e.call
-            && sync.event != 0
-            && (i < since || !waited)
+        // A query or read that was answered is not sent again, except a read
+        // that made an event (later calls may name it, and its profiling
+        // times are the command's): it is read again, its data dropped.
+        if e.call.replies()
+            && !waited
+            && !makes_objects(&e.call)
+            && !super::journal::read_with_event(&e.call)
         {
-            done.push(sync.event);
+            continue;
+        }
+        if let Some((queue, sync)) = super::journal::enqueue_sync(&e.call) {
+            if held_queues.contains(&queue) || sync.waits.iter().any(|w| held.contains(w)) {
+                held_queues.insert(queue);
+                held.insert(sync.event);
+            } else if sync.event != 0 {
+                done.push(sync.event);
+            }
         }
         o.seq += 1;
         let seq = o.seq;
@@ -1574,6 +1601,21 @@ fn replay_entries(
     if !done.is_empty() {
         let seq = internal_call(s, o, &Call::WaitForEvents { events: done }, &[], true)?;
         wait_answer(s, seq)?;
+    }
+    for i in queries {
+        let e = &mut entries[i];
+        o.seq += 1;
+        let seq = o.seq;
+        {
+            let mut st = lock(&s.shared.state);
+            if let Some(slot) = st.slots.remove(&e.seq) {
+                st.renumbered.insert(e.seq, seq);
+                st.slots.insert(seq, slot);
+            }
+        }
+        e.seq = seq;
+        send_frame(o, seq, &e.call, &e.payload)?;
+        calls += 1;
     }
     o.w.write_all(&o.batch)?;
     o.batch.clear();
