@@ -56,6 +56,10 @@ pub struct Config {
     /// session may keep to replay itself on another crane-proxy if its own
     /// dies; past it a checkpoint is taken (docs/reliability.md).
     pub remote_journal_mib: u64,
+    /// `CRANE_REMOTE_JOURNAL_CALLS` (default 100000): calls since the last
+    /// checkpoint at which a checkpoint is taken, bounding how long a replay
+    /// runs (it runs them all again).
+    pub remote_journal_calls: usize,
     /// `CRANE_REMOTE_RECOVER_S` (default 60): how long a process whose
     /// crane-proxy died waits for one to take its session back.
     pub remote_recover_s: u64,
@@ -99,6 +103,10 @@ pub fn get() -> &'static Config {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(1024),
+            remote_journal_calls: std::env::var("CRANE_REMOTE_JOURNAL_CALLS")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(100_000),
             remote_recover_s: std::env::var("CRANE_REMOTE_RECOVER_S")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())

@@ -1491,7 +1491,7 @@ fn journal_contents() -> HashMap<crane_wire::Id, crate::remote::journal::Content
         out.insert(
             id,
             crate::remote::journal::Content {
-                mem: m,
+                mem: Arc::downgrade(&m),
                 context,
                 device,
                 copy,

@@ -20,8 +20,8 @@
 //! ([`FROZEN`]), and only the checkpoint itself replaces them.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
 use crane_wire::{Call, Id, KernelArg, Sync as WSync};
 
@@ -39,7 +39,10 @@ const ENTRY_OVERHEAD: u64 = 160;
 /// the application's memory, which the checkpoint brought up to date).
 #[derive(Clone)]
 pub struct Content {
-    pub mem: Arc<Mem>,
+    /// Weak: the journal must not keep an object the application released
+    /// (its drop releases it on the proxy, which the journal then records;
+    /// an object a sub-buffer or image still uses is kept alive by that).
+    pub mem: Weak<Mem>,
     pub context: Id,
     pub device: Id,
     /// For `CL_MEM_USE_HOST_PTR` buffers: the host memory as it was at the
@@ -67,6 +70,9 @@ pub struct Journal {
     pub bytes: u64,
     /// Bytes at which a checkpoint is asked for (0: no journal).
     pub limit: u64,
+    /// Calls since the last checkpoint at which one is asked for: a replay
+    /// runs them all again (on the H200, about 13 µs each).
+    pub call_limit: usize,
     /// Replays may use the journal (it has seen a checkpoint, or the session
     /// was the application's own from its start).
     pub armed: bool,
@@ -87,9 +93,10 @@ pub enum After {
 }
 
 impl Journal {
-    pub fn new(limit: u64) -> Journal {
+    pub fn new(limit: u64, call_limit: usize) -> Journal {
         Journal {
             limit,
+            call_limit: call_limit.max(1),
             off: (limit == 0).then(|| "CRANE_REMOTE_JOURNAL_MIB=0".to_string()),
             ..Journal::default()
         }
@@ -135,7 +142,8 @@ impl Journal {
             ));
             return After::Nothing;
         }
-        if self.bytes > self.limit && !self.asked {
+        let calls = self.entries.len() - self.since;
+        if (self.bytes > self.limit || calls > self.call_limit) && !self.asked {
             self.asked = true;
             return After::Checkpoint;
         }
@@ -529,7 +537,7 @@ mod tests {
     use super::*;
 
     fn journal() -> Journal {
-        let mut j = Journal::new(1 << 20);
+        let mut j = Journal::new(1 << 20, 1 << 20);
         j.armed = true;
         j
     }
@@ -684,8 +692,20 @@ mod tests {
     }
 
     #[test]
+    fn many_calls_ask_for_a_checkpoint() {
+        let mut j = Journal::new(1 << 30, 3);
+        j.armed = true;
+        let c = Call::Flush { queue: 2 };
+        for seq in 2..5 {
+            assert_eq!(j.record(seq, &c, &[], true), After::Nothing);
+        }
+        assert_eq!(j.record(5, &c, &[], true), After::Checkpoint);
+        assert_eq!(j.record(6, &c, &[], true), After::Nothing, "asked once");
+    }
+
+    #[test]
     fn a_journal_past_twice_its_limit_gives_up() {
-        let mut j = Journal::new(1000);
+        let mut j = Journal::new(1000, 1 << 20);
         j.armed = true;
         let w = Call::EnqueueWriteBuffer {
             queue: 2,

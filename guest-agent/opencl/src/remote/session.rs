@@ -363,7 +363,10 @@ impl Session {
                 batch: Vec::with_capacity(BATCH_LIMIT),
                 seq: 1,
                 idle: false,
-                journal: Journal::new(crate::config::get().remote_journal_mib << 20),
+                journal: Journal::new(
+                    crate::config::get().remote_journal_mib << 20,
+                    crate::config::get().remote_journal_calls,
+                ),
             }),
             shared: shared.clone(),
             reader: Mutex::new(None),
@@ -1332,7 +1335,7 @@ fn ask_checkpoint() {
 const MAX_RECOVERIES: u32 = 5;
 
 /// How often a recovery tries to reach a proxy.
-const RECONNECT_EVERY: Duration = Duration::from_millis(250);
+const RECONNECT_EVERY: Duration = Duration::from_millis(50);
 
 /// After the connection to crane-proxy broke: waits for a proxy (the same
 /// address, restarted, or the one a `Remote` request names meanwhile),
@@ -1716,7 +1719,10 @@ fn fill(
     c: &Content,
     fillers: &mut Vec<(crane_wire::Id, crane_wire::Id)>,
 ) -> Result<u64, Replay> {
-    let m = &c.mem;
+    let Some(m) = c.mem.upgrade() else {
+        // Released by the application since, on the proxy too.
+        return Ok(0);
+    };
     let id = match made {
         Call::CreateBuffer { id, .. } | Call::CreateImage { id, .. } => *id,
         _ => return Ok(0),
