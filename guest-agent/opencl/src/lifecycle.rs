@@ -324,6 +324,19 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
 /// the gate shut, what RAM does not hold read back, events' states saved. On
 /// failure the application simply carries on.
 fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
+    drain_and_read_back(deadline, tm)?;
+    save_events();
+    for p in handle::live::<Program>() {
+        program::save_compiled(&p);
+        program::save_executable(&p);
+    }
+    Ok(())
+}
+
+/// Drains the queues, shuts the gate and reads into RAM what the device
+/// changed (the first steps of a suspend, and a checkpoint); on failure the
+/// gate is open again.
+fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
     let end = Instant::now() + deadline;
     quiesce_and_drain(end)?;
     tm.lap("drain", 0);
@@ -349,11 +362,6 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
         }
     };
     tm.lap("read-dirty", bytes);
-    save_events();
-    for p in handle::live::<Program>() {
-        program::save_compiled(&p);
-        program::save_executable(&p);
-    }
     Ok(())
 }
 
@@ -1513,29 +1521,14 @@ pub fn checkpoint(deadline: Duration) -> Result<Vec<Phase>, String> {
     let Some(s) = vendor::remote_session() else {
         return Err("the process has no session with crane-proxy".into());
     };
-    let end = Instant::now() + deadline;
     let mut tm = Timer::new();
-    quiesce_and_drain(end)?;
-    tm.lap("drain", 0);
-    if let Err(n) = gate::shut(gate::CLOSED, end) {
-        gate::open();
-        return Err(format!(
-            "{n} thread(s) stayed inside OpenCL calls past the deadline"
-        ));
-    }
-    s.disarm_journal();
-    let bytes = match read_back() {
-        Ok(b) => b,
-        Err(e) => {
-            gate::open();
-            return Err(format!(
-                "reading crane-proxy's memory back failed with OpenCL error {}; no \
-                 replay is possible until the next checkpoint",
-                crate::entry::error_text(e)
-            ));
+    drain_and_read_back(deadline, &mut tm).map_err(|e| {
+        if s.journal_state().3.is_ok() {
+            e
+        } else {
+            format!("{e}; no replay is possible until the next checkpoint")
         }
-    };
-    tm.lap("read-dirty", bytes);
+    })?;
     // A replay remakes the events of commands before now with markers: their
     // status and profiling times are answered from what is kept here.
     save_events();

@@ -568,30 +568,12 @@ impl Session {
             ask_checkpoint();
         }
         self.sent.fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let r = if payload.len() > COPY_LIMIT {
-            let batch = std::mem::take(&mut o.batch);
-            o.idle = false;
-            let r = write_two(&mut o.w, &batch, payload);
-            o.batch = batch;
-            o.batch.clear();
-            r
-        } else {
-            o.batch.extend_from_slice(payload);
-            // The first launch after the proxy went idle goes out at once: the
-            // proxy starts it while the application builds the rest of the
-            // batch (a frame's further launches, its read), where it would
-            // otherwise wait for the whole batch.
-            let kick = o.idle && matches!(call, Call::EnqueueNdRange { .. });
-            if flush || kick || o.batch.len() >= BATCH_LIMIT {
-                o.idle = false;
-                let r = o.w.write_all(&o.batch);
-                o.batch.clear();
-                r
-            } else {
-                Ok(())
-            }
-        };
-        if let Err(e) = r {
+        // The first launch after the proxy went idle goes out at once: the
+        // proxy starts it while the application builds the rest of the
+        // batch (a frame's further launches, its read), where it would
+        // otherwise wait for the whole batch.
+        let kick = o.idle && matches!(call, Call::EnqueueNdRange { .. });
+        if let Err(e) = put(o, payload, flush || kick) {
             return self.send_failed(o, e).map(|()| seq);
         }
         Ok(seq)
@@ -1556,35 +1538,7 @@ fn replay_entries(
                 done.push(sync.event);
             }
         }
-        o.seq += 1;
-        let seq = o.seq;
-        {
-            let mut st = lock(&s.shared.state);
-            // A call someone waits for keeps its slot under its new number;
-            // one sent for what it makes gets a slot nobody waits on.
-            if let Some(slot) = st.slots.remove(&e.seq) {
-                if slot.waiter.is_some() {
-                    st.renumbered.insert(e.seq, seq);
-                }
-                st.slots.insert(seq, slot);
-            } else if e.call.replies() {
-                st.slots.insert(seq, Slot::ignored());
-            }
-            let before = st.reported.contains(&e.seq);
-            if before {
-                st.reported.insert(seq);
-            }
-            if let Some(rc) = st.replay.as_mut() {
-                if i < since {
-                    rc.state.insert(seq);
-                }
-                if before {
-                    rc.before.insert(seq);
-                }
-            }
-        }
-        e.seq = seq;
-        send_frame(o, seq, &e.call, &e.payload)?;
+        resend(s, o, e, i < since)?;
         calls += 1;
         bytes += e.payload.len() as u64;
         if let Some(c) = &e.content {
@@ -1606,18 +1560,7 @@ fn replay_entries(
         wait_answer(s, seq)?;
     }
     for i in queries {
-        let e = &mut entries[i];
-        o.seq += 1;
-        let seq = o.seq;
-        {
-            let mut st = lock(&s.shared.state);
-            if let Some(slot) = st.slots.remove(&e.seq) {
-                st.renumbered.insert(e.seq, seq);
-                st.slots.insert(seq, slot);
-            }
-        }
-        e.seq = seq;
-        send_frame(o, seq, &e.call, &e.payload)?;
+        resend(s, o, &mut entries[i], false)?;
         calls += 1;
     }
     o.w.write_all(&o.batch)?;
@@ -1625,26 +1568,75 @@ fn replay_entries(
     Ok((calls, bytes))
 }
 
+/// After a frame's header has been encoded into the batch: appends its
+/// payload (copied), or sends batch and payload at once straight from
+/// `payload` when it is large; sends the batch when `flush` or when it is
+/// full.
+fn put(o: &mut Out, payload: &[u8], flush: bool) -> std::io::Result<()> {
+    if payload.len() > COPY_LIMIT {
+        let batch = std::mem::take(&mut o.batch);
+        o.idle = false;
+        let r = write_two(&mut o.w, &batch, payload);
+        o.batch = batch;
+        o.batch.clear();
+        return r;
+    }
+    o.batch.extend_from_slice(payload);
+    if flush || o.batch.len() >= BATCH_LIMIT {
+        o.idle = false;
+        let r = o.w.write_all(&o.batch);
+        o.batch.clear();
+        return r;
+    }
+    Ok(())
+}
+
 /// Appends a frame to the batch, or sends batch and frame when the payload is
 /// large.
 fn send_frame(o: &mut Out, seq: u64, call: &Call, payload: &[u8]) -> Result<(), Replay> {
     crane_wire::encode(&mut o.batch, seq, call, payload.len() as u64)
         .map_err(|e| Replay::Failed(format!("cannot encode {}: {e}", call.name())))?;
-    if payload.len() > COPY_LIMIT {
-        let batch = std::mem::take(&mut o.batch);
-        let r = write_two(&mut o.w, &batch, payload);
-        o.batch = batch;
-        o.batch.clear();
-        Ok(r?)
-    } else {
-        o.batch.extend_from_slice(payload);
-        if o.batch.len() >= BATCH_LIMIT {
-            let r = o.w.write_all(&o.batch);
-            o.batch.clear();
-            r?;
+    Ok(put(o, payload, false)?)
+}
+
+/// Sends a journaled call again under a new seq: a thread waiting for its
+/// answer follows it there (`renumbered`), a call that answers but that
+/// nobody waits for gets a slot nobody waits on, and what the replay's
+/// checks need to know of it (part of the checkpoint's state, failed
+/// before) goes with the new number.
+fn resend(
+    s: &Session,
+    o: &mut Out,
+    e: &mut super::journal::Entry,
+    in_state: bool,
+) -> Result<(), Replay> {
+    o.seq += 1;
+    let seq = o.seq;
+    {
+        let mut st = lock(&s.shared.state);
+        if let Some(slot) = st.slots.remove(&e.seq) {
+            if slot.waiter.is_some() {
+                st.renumbered.insert(e.seq, seq);
+            }
+            st.slots.insert(seq, slot);
+        } else if e.call.replies() {
+            st.slots.insert(seq, Slot::ignored());
         }
-        Ok(())
+        let before = st.reported.contains(&e.seq);
+        if before {
+            st.reported.insert(seq);
+        }
+        if let Some(rc) = st.replay.as_mut() {
+            if in_state {
+                rc.state.insert(seq);
+            }
+            if before {
+                rc.before.insert(seq);
+            }
+        }
     }
+    e.seq = seq;
+    send_frame(o, seq, &e.call, &e.payload)
 }
 
 /// A call of the replay's own, with a fresh seq; `answered`: the replay
