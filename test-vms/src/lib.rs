@@ -154,7 +154,7 @@ pub fn demo(hosts: usize, app: &scenario::App) -> anyhow::Result<scenario::Repor
     const PREFIX: &str = "demo-host";
     once_more_if_stalled("demo", PREFIX, || {
         let mut session = session::Session::boot_with(PREFIX, hosts, &app.guest_files())?;
-        scenario::run(&mut session, app)
+        scenario::run(&mut session, app, scenario::Scope::from_env())
     })
 }
 

@@ -44,6 +44,7 @@ use crane_test_vms::tier::{self, Readiness};
 mod bench_data;
 mod bench_stoppage;
 mod conformance;
+mod pool;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -144,9 +145,21 @@ fn test() -> Result<()> {
         "-p",
         "crane-proxy",
     ]))?;
-    run(cargo()
-        .args(["test", "--workspace"])
-        .env_remove(tier::E2E_ENV))?;
+    // `cargo test --workspace`, its test binaries several at a time (pool.rs).
+    let mut build = cargo();
+    build.env_remove(tier::E2E_ENV);
+    let mut jobs = pool::test_binaries(build, &["--workspace"])?;
+    for job in &mut jobs {
+        job.cmd.env_remove(tier::E2E_ENV);
+    }
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--doc"])
+        .env_remove(tier::E2E_ENV);
+    jobs.push(pool::Job {
+        name: "doc tests".into(),
+        cmd: doc,
+    });
+    pool::run_all(jobs, pool::jobs_from_env()?)?;
     // The conformance tier: the Khronos CTS subset that fits CI, natively and
     // through crane in every mode, on the debug builds made above.
     {
