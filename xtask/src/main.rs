@@ -1,10 +1,12 @@
 //! `cargo xtask`: the project's build, test and demo driver.
 //!
 //! * `cargo xtask test` — everything CI runs: formatting, clippy, unit and
-//!   integration tests (the OpenCL corpus on PoCL), the conformance subset
-//!   (`conformance --ci`), then the end-to-end tier on
-//!   emulated Xen hosts (skipped, loudly, where this machine cannot run it;
-//!   `CRANE_REQUIRE_E2E=1` makes that an error).
+//!   integration tests (the OpenCL corpus on PoCL; the test binaries
+//!   `CRANE_TEST_JOBS`, default 3, at a time), the conformance subset
+//!   (`conformance --ci`), then the end-to-end tier's core scenario on
+//!   emulated Xen hosts (`CRANE_E2E_FULL=1`: the full one; skipped, loudly,
+//!   where this machine cannot run it; `CRANE_REQUIRE_E2E=1` makes that an
+//!   error).
 //! * `cargo xtask demo [--hosts 2] [--app PATH [-- ARGS]]` — on emulated Xen
 //!   hosts, crane as deployed (craned and the xl wrapper in dom0, crane-proxy in
 //!   a proxy domain, crane-agent in an HVM guest): an OpenCL app in the guest

@@ -324,19 +324,29 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
 /// the gate shut, what RAM does not hold read back, events' states saved. On
 /// failure the application simply carries on.
 fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
-    drain_and_read_back(deadline, tm)?;
+    let staged = drain_and_read_back(deadline, tm)?;
     save_events();
     for p in handle::live::<Program>() {
         program::save_compiled(&p);
         program::save_executable(&p);
     }
+    // Leaving crane-proxy: the journal no longer has a checkpoint once the
+    // RAM copies change (nothing after this needs a replay).
+    match vendor::remote_session() {
+        Some(s) => s.disarm_journal_with(|| staged.install()),
+        None => staged.install(),
+    }
     Ok(())
 }
 
-/// Drains the queues, shuts the gate and reads into RAM what the device
-/// changed (the first steps of a suspend, and a checkpoint); on failure the
-/// gate is open again.
-fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
+/// Drains the queues, shuts the gate and reads what the device changed (the
+/// first steps of a suspend, and a checkpoint); on failure the gate is open
+/// again. On crane-proxy the data is staged, not yet in the RAM copies: a
+/// recovery from the proxy's death meanwhile replays from the last
+/// checkpoint, whose RAM copies these are, and the read-back's calls are
+/// journaled like any others; the caller installs it together with the
+/// journal's new state.
+fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<ReadBack, String> {
     let end = Instant::now() + deadline;
     quiesce_and_drain(end)?;
     tm.lap("drain", 0);
@@ -346,13 +356,9 @@ fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<(), String>
             "{n} thread(s) stayed inside OpenCL calls past the deadline"
         ));
     }
-    // On crane-proxy the RAM copies are what a replay starts from: they stop
-    // being a checkpoint once the read-back changes them.
-    if let Some(s) = vendor::remote_session() {
-        s.disarm_journal();
-    }
-    let bytes = match read_back() {
-        Ok(b) => b,
+    let stage = vendor::remote_session().is_some();
+    let staged = match read_back(stage) {
+        Ok(r) => r,
         Err(e) => {
             gate::open();
             return Err(format!(
@@ -361,8 +367,8 @@ fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<(), String>
             ));
         }
     };
-    tm.lap("read-dirty", bytes);
-    Ok(())
+    tm.lap("read-dirty", staged.bytes);
+    Ok(staged)
 }
 
 /// Stops new calls and finishes every queue. A queue may be held up by a user
@@ -496,9 +502,42 @@ fn with_queue<T>(
     r
 }
 
-/// Reads every object whose device contents RAM does not hold.
-fn read_back() -> ClResult<u64> {
-    let mut bytes = 0u64;
+/// Device memory read back, for the RAM copies ([`ReadBack::install`]).
+/// Empty when it went straight into them (`stage` false in [`read_back`]).
+#[derive(Default)]
+struct ReadBack {
+    items: Vec<(Arc<Mem>, HostBytes)>,
+    bytes: u64,
+}
+
+impl ReadBack {
+    /// Puts what was read where RAM keeps it: the RAM copy, or the
+    /// application's memory behind a `CL_MEM_USE_HOST_PTR` object.
+    fn install(self) {
+        for (m, data) in self.items {
+            install(&m, data);
+        }
+    }
+}
+
+fn install(m: &Mem, data: HostBytes) {
+    let host = m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0;
+    match &m.kind {
+        MemKind::Buffer if host => copy_to_host_ptr(m, &data),
+        // Rebuilt from the host memory at resume, as buffers are.
+        MemKind::Image { format, desc, .. } if host => {
+            copy_image_to_host_ptr(m, desc, memory::pixel_size(format), &data)
+        }
+        _ => m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data),
+    }
+    m.dirty.store(false, Ordering::Relaxed);
+}
+
+/// Reads every object whose device contents RAM does not hold: into the RAM
+/// copies, or with `stage` into fresh memory returned for
+/// [`ReadBack::install`].
+fn read_back(stage: bool) -> ClResult<ReadBack> {
+    let mut out = ReadBack::default();
     let queues = handle::live::<Queue>();
     for m in handle::live::<Mem>() {
         let v = m.base.vendor();
@@ -517,17 +556,22 @@ fn read_back() -> ClResult<u64> {
         if !needed {
             continue;
         }
-        match &m.kind {
+        let data = match &m.kind {
             MemKind::Buffer => {
                 // Into the RAM copy's own memory where there is one (a stale
                 // copy of a dirty buffer), pinned for the read: from fresh
-                // pageable memory NVIDIA read 256 MiB at 1 GB/s.
-                let old = m
-                    .shadow
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .data
-                    .take();
+                // pageable memory NVIDIA read 256 MiB at 1 GB/s. Staged (on
+                // crane-proxy, where nothing is pinned) the RAM copy stays
+                // as the last checkpoint has it.
+                let old = if stage {
+                    None
+                } else {
+                    m.shadow
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .data
+                        .take()
+                };
                 let mut data = old
                     .filter(|d| d.len() == m.size)
                     .unwrap_or_else(|| HostBytes::zeroed(m.size));
@@ -537,12 +581,7 @@ fn read_back() -> ClResult<u64> {
                 });
                 drop(pin);
                 read?;
-                if m.flags & CL_MEM_USE_HOST_PTR != 0 {
-                    copy_to_host_ptr(&m, &data);
-                } else {
-                    m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
-                }
-                bytes += m.size as u64;
+                data
             }
             MemKind::Image { format, desc, .. } => {
                 let region = memory::image_region(desc);
@@ -571,19 +610,21 @@ fn read_back() -> ClResult<u64> {
                         )
                     })
                 })?;
-                bytes += data.len() as u64;
-                if m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0 {
-                    // Rebuilt from the host memory at resume, as buffers are.
-                    copy_image_to_host_ptr(&m, desc, px, &data);
-                } else {
-                    m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
-                }
+                data
             }
-            _ => {}
+            _ => {
+                m.dirty.store(false, Ordering::Relaxed);
+                continue;
+            }
+        };
+        out.bytes += data.len() as u64;
+        if stage {
+            out.items.push((m, data));
+        } else {
+            install(&m, data);
         }
-        m.dirty.store(false, Ordering::Relaxed);
     }
-    Ok(bytes)
+    Ok(out)
 }
 
 /// Brings a CL_MEM_USE_HOST_PTR buffer's host memory up to date with what the
@@ -1522,17 +1563,14 @@ pub fn checkpoint(deadline: Duration) -> Result<Vec<Phase>, String> {
         return Err("the process has no session with crane-proxy".into());
     };
     let mut tm = Timer::new();
-    drain_and_read_back(deadline, &mut tm).map_err(|e| {
-        if s.journal_state().3.is_ok() {
-            e
-        } else {
-            format!("{e}; no replay is possible until the next checkpoint")
-        }
-    })?;
+    let staged = drain_and_read_back(deadline, &mut tm)?;
     // A replay remakes the events of commands before now with markers: their
     // status and profiling times are answered from what is kept here.
     save_events();
-    s.checkpoint(&journal_contents());
+    s.checkpoint_with(|| {
+        staged.install();
+        journal_contents()
+    });
     let (calls, kept, _, _) = s.journal_state();
     tm.lap("compact", kept);
     debug!("checkpoint: {calls} call(s) kept; {:?}", tm.phases);

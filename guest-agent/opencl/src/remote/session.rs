@@ -413,10 +413,14 @@ impl Session {
         }
     }
 
-    /// Stops replays until the next checkpoint: the RAM copies are about to
-    /// change (a read-back), so the last checkpoint no longer holds.
-    pub fn disarm_journal(&self) {
-        lock(&self.out).journal.armed = false;
+    /// Stops replays until the next checkpoint, once `install` has changed
+    /// the RAM copies the last one holds (the end of a read-back when the
+    /// process leaves crane-proxy), atomically with respect to a recovery
+    /// (see [`Session::checkpoint_with`]).
+    pub fn disarm_journal_with(&self, install: impl FnOnce()) {
+        let mut o = lock(&self.out);
+        install();
+        o.journal.armed = false;
         super::journal::FROZEN.store(false, Ordering::Relaxed);
     }
 
@@ -424,10 +428,21 @@ impl Session {
     /// every memory object holds there. The journal keeps what makes the
     /// objects and marks them to be filled from RAM at a replay.
     pub fn checkpoint(&self, contents: &HashMap<crane_wire::Id, Content>) {
+        self.checkpoint_with(|| contents.clone());
+    }
+
+    /// A checkpoint whose RAM copies `install` puts in place (what a
+    /// read-back got from the proxy) and then describes. Replays start from
+    /// the RAM copies, so they change only with the journal: `install` runs
+    /// while the journal is locked, and a recovery (which holds it for its
+    /// replay) sees either the last checkpoint and its RAM copies or this
+    /// one and its own, never a mix.
+    pub fn checkpoint_with(&self, install: impl FnOnce() -> HashMap<crane_wire::Id, Content>) {
         let failed = lock(&self.shared.state).reported.clone();
         let cookies: HashSet<u64> = lock(&self.shared.callbacks).keys().copied().collect();
         let mut o = lock(&self.out);
-        o.journal.compact(contents, &failed, &cookies);
+        let contents = install();
+        o.journal.compact(&contents, &failed, &cookies);
         self.recoveries.store(0, Ordering::Relaxed);
         debug!(
             "checkpoint: the journal holds {} call(s), {} KiB",
