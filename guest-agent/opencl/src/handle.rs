@@ -18,7 +18,7 @@
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 
@@ -188,6 +188,10 @@ pub fn publish<T: ClObject>(obj: Arc<T>) -> *mut Slot {
         Ordering::Relaxed,
     );
     slot.generation.fetch_add(1, Ordering::Relaxed);
+    // The slot keeps a weak reference until the object's drop frees it, so
+    // that [`live`] can take a strong one only from an object that is not
+    // already dying (see there).
+    let _ = Weak::into_raw(Arc::downgrade(&obj));
     let raw = Arc::into_raw(obj);
     // SAFETY: `raw` came from Arc::into_raw just above and is alive.
     let base = unsafe { (*raw).base() };
@@ -198,16 +202,21 @@ pub fn publish<T: ClObject>(obj: Arc<T>) -> *mut Slot {
     slot_ptr
 }
 
-fn free_slot(slot: &Slot) {
-    slot.kind.store(0, Ordering::Release);
-    slot.object.store(ptr::null_mut(), Ordering::Release);
+/// Frees the slot of a T being dropped and gives back its weak reference,
+/// under the arena's lock, which [`live`] holds while it takes references.
+fn free_slot<T: ClObject>(slot: &Slot) {
     let a = arena();
     let index = (ptr::from_ref(slot) as usize - a.base as usize) / SLOT_SIZE;
-    a.free
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .recycled
-        .push_back(index);
+    let mut free = a.free.lock().unwrap_or_else(|e| e.into_inner());
+    slot.kind.store(0, Ordering::Release);
+    let obj = slot.object.swap(ptr::null_mut(), Ordering::AcqRel) as *const T;
+    if !obj.is_null() {
+        // SAFETY: the weak reference `publish` made for this slot; the
+        // allocation outlives it (the Arc being dropped holds its own weak
+        // reference until the drop completes).
+        drop(unsafe { Weak::from_raw(obj) });
+    }
+    free.recycled.push_back(index);
 }
 
 /// Borrow of the object behind a live handle.
@@ -290,26 +299,106 @@ pub fn app_release<T: ClObject>(obj: &T) -> bool {
 }
 
 /// Called from each object's Drop: the slot dies with the object.
-pub fn on_drop(base: &Base) {
+pub fn on_drop<T: ClObject>(base: &Base) {
     let slot = base.slot.load(Ordering::Acquire);
     if !slot.is_null() {
         // SAFETY: the slot was set by `publish` and belongs to this object.
-        free_slot(unsafe { &*slot });
+        free_slot::<T>(unsafe { &*slot });
     }
 }
 
 /// Every live object of kind T, in slot order, as strong references. Used while
 /// the gate is closed (suspend/resume/list), never on a hot path.
+///
+/// The gate stops the application's calls, not crane's own threads, which
+/// drop objects meanwhile (a command's event once it completes, on the
+/// thread that saw it complete); such an object's slot is freed only at the
+/// end of its drop, after its vendor object's release (a round trip on
+/// crane-proxy). Taking a strong reference from the slot's pointer then
+/// revived a dying object, which was freed twice: checkpoints every few
+/// milliseconds on crane-proxy crashed `events` on NVIDIA that way. So
+/// the slot keeps a weak reference, and this upgrades it (no reference from
+/// an object whose last strong one is gone) under the arena's lock, which
+/// the slot's freeing takes before giving the weak reference back.
 pub fn live<T: ClObject>() -> Vec<Arc<T>> {
-    let used = ARENA_USED.load(Ordering::Acquire) / SLOT_SIZE;
     let Some(a) = ARENA.get() else {
         return Vec::new();
     };
+    let _free = a.free.lock().unwrap_or_else(|e| e.into_inner());
+    let used = ARENA_USED.load(Ordering::Acquire) / SLOT_SIZE;
     (0..used)
         .filter_map(|i| {
             // SAFETY: i < used <= ARENA_SLOTS.
-            let slot = unsafe { a.base.add(i) };
-            get_arc::<T>(slot.cast())
+            let slot = unsafe { &*a.base.add(i) };
+            if slot.kind.load(Ordering::Acquire) != T::KIND as u32 {
+                return None;
+            }
+            let obj = slot.object.load(Ordering::Acquire) as *const T;
+            if obj.is_null() {
+                return None;
+            }
+            // SAFETY: the slot's weak reference (made in `publish`, given back
+            // only under the lock held here) keeps the allocation; upgrading
+            // a borrowed copy of it leaves that reference as it is.
+            let weak = std::mem::ManuallyDrop::new(unsafe { Weak::from_raw(obj) });
+            weak.upgrade()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// No unit test publishes samplers; this stands in for one whose drop
+    /// looks at the live samplers before its slot is freed, as a checkpoint
+    /// on another thread may while an object is being dropped.
+    struct Dying {
+        base: Base,
+        revived: Arc<AtomicBool>,
+    }
+
+    impl ClObject for Dying {
+        const KIND: Kind = Kind::Sampler;
+        fn base(&self) -> &Base {
+            &self.base
+        }
+    }
+
+    impl Drop for Dying {
+        fn drop(&mut self) {
+            let me: *const Dying = self;
+            let seen = live::<Dying>();
+            if seen.iter().any(|d| Arc::as_ptr(d) == me) {
+                self.revived.store(true, Ordering::Relaxed);
+                // Keep the revived reference from dropping this a second time.
+                std::mem::forget(seen);
+            }
+            on_drop::<Dying>(&self.base);
+        }
+    }
+
+    #[test]
+    fn a_dying_object_is_not_revived_by_live() {
+        let revived = Arc::new(AtomicBool::new(false));
+        let obj = Arc::new(Dying {
+            base: Base::new(ptr::null_mut()),
+            revived: revived.clone(),
+        });
+        let keep = obj.clone();
+        let slot = publish(obj);
+        assert_eq!(live::<Dying>().len(), 1);
+        assert!(get::<Dying>(slot.cast()).is_some());
+        // The application's release, then crane's last reference: the drop
+        // runs with the slot still published.
+        assert!(app_release(&*keep));
+        drop(keep);
+        assert!(
+            !revived.load(Ordering::Relaxed),
+            "live() revived a dying object"
+        );
+        assert!(live::<Dying>().is_empty());
+        assert!(get::<Dying>(slot.cast()).is_none());
+    }
 }

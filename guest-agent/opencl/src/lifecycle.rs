@@ -336,6 +336,10 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
         Some(s) => s.disarm_journal_with(|| staged.install()),
         None => staged.install(),
     }
+    SPARE_STAGING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clear();
     Ok(())
 }
 
@@ -356,7 +360,8 @@ fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<ReadBack, S
             "{n} thread(s) stayed inside OpenCL calls past the deadline"
         ));
     }
-    let stage = vendor::remote_session().is_some();
+    // Staged only where a replay may need the RAM copies as they are.
+    let stage = vendor::remote_session().is_some_and(|s| s.journal_state().3.is_ok());
     let staged = match read_back(stage) {
         Ok(r) => r,
         Err(e) => {
@@ -512,25 +517,64 @@ struct ReadBack {
 
 impl ReadBack {
     /// Puts what was read where RAM keeps it: the RAM copy, or the
-    /// application's memory behind a `CL_MEM_USE_HOST_PTR` object.
+    /// application's memory behind a `CL_MEM_USE_HOST_PTR` object. The RAM
+    /// copies replaced go to [`SPARE_STAGING`] for the next staged read.
     fn install(self) {
+        let mut freed = Vec::new();
         for (m, data) in self.items {
-            install(&m, data);
+            freed.extend(install(&m, data));
+        }
+        let mut spare = SPARE_STAGING.lock().unwrap_or_else(|e| e.into_inner());
+        let limit = crate::config::get().remote_journal_mib << 20;
+        let mut held: u64 = spare.iter().map(|h| h.capacity() as u64).sum();
+        for h in freed {
+            if held + h.capacity() as u64 <= limit {
+                held += h.capacity() as u64;
+                spare.push(h);
+            }
         }
     }
 }
 
-fn install(m: &Mem, data: HostBytes) {
+/// RAM copies a staged read-back replaced, for the next one to read into: a
+/// checkpoint every second on crane-proxy spent more time faulting in and
+/// zeroing fresh memory for its reads than reading (bounded by
+/// `CRANE_REMOTE_JOURNAL_MIB`; emptied when the process leaves the proxy).
+static SPARE_STAGING: Mutex<Vec<HostBytes>> = Mutex::new(Vec::new());
+
+/// Memory for a staged read of `len` bytes.
+fn staging_for(len: usize) -> HostBytes {
+    let mut spare = SPARE_STAGING.lock().unwrap_or_else(|e| e.into_inner());
+    let fits = spare
+        .iter()
+        .position(|h| h.capacity() >= len && h.capacity() <= len.saturating_mul(2));
+    match fits.map(|i| spare.swap_remove(i).reuse(len)) {
+        Some(Ok(h)) => h,
+        _ => HostBytes::zeroed(len),
+    }
+}
+
+/// Installs `data` (see [`ReadBack::install`]); returns the RAM copy it
+/// replaced.
+fn install(m: &Mem, data: HostBytes) -> Option<HostBytes> {
     let host = m.flags & CL_MEM_USE_HOST_PTR != 0 && m.host_ptr != 0;
+    m.dirty.store(false, Ordering::Relaxed);
     match &m.kind {
         MemKind::Buffer if host => copy_to_host_ptr(m, &data),
         // Rebuilt from the host memory at resume, as buffers are.
         MemKind::Image { format, desc, .. } if host => {
             copy_image_to_host_ptr(m, desc, memory::pixel_size(format), &data)
         }
-        _ => m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data),
+        _ => {
+            return m
+                .shadow
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .data
+                .replace(data);
+        }
     }
-    m.dirty.store(false, Ordering::Relaxed);
+    Some(data)
 }
 
 /// Reads every object whose device contents RAM does not hold: into the RAM
@@ -563,18 +607,17 @@ fn read_back(stage: bool) -> ClResult<ReadBack> {
                 // pageable memory NVIDIA read 256 MiB at 1 GB/s. Staged (on
                 // crane-proxy, where nothing is pinned) the RAM copy stays
                 // as the last checkpoint has it.
-                let old = if stage {
-                    None
+                let mut data = if stage {
+                    staging_for(m.size)
                 } else {
                     m.shadow
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .data
                         .take()
+                        .filter(|d| d.len() == m.size)
+                        .unwrap_or_else(|| HostBytes::zeroed(m.size))
                 };
-                let mut data = old
-                    .filter(|d| d.len() == m.size)
-                    .unwrap_or_else(|| HostBytes::zeroed(m.size));
                 let pin = data.pin(&m.context);
                 let read = with_queue(&m.context, &queues, |q| {
                     read_buffer(&m.context, q, v, m.flags, m.size, data.as_mut_ptr())
@@ -586,7 +629,12 @@ fn read_back(stage: bool) -> ClResult<ReadBack> {
             MemKind::Image { format, desc, .. } => {
                 let region = memory::image_region(desc);
                 let px = memory::pixel_size(format);
-                let mut data = HostBytes::zeroed(region.iter().product::<usize>() * px);
+                let len = region.iter().product::<usize>() * px;
+                let mut data = if stage {
+                    staging_for(len)
+                } else {
+                    HostBytes::zeroed(len)
+                };
                 let origin = [0usize; 3];
                 with_queue(&m.context, &queues, |q| {
                     // Pitches 0: tightly packed, as `data` is. "slice_pitch ...

@@ -32,7 +32,7 @@ macro_rules! cl_object {
                     // holds one reference to; this gives it back.
                     unsafe { vendor::release(v, |d| d.$release) };
                 }
-                handle::on_drop(&self.base);
+                handle::on_drop::<$t>(&self.base);
             }
         }
     };
@@ -116,7 +116,7 @@ impl Drop for Device {
             // SAFETY: sub-devices are reference counted; crane holds one reference.
             unsafe { vendor::release(v, |d| d.clReleaseDevice) };
         }
-        handle::on_drop(&self.base);
+        handle::on_drop::<Device>(&self.base);
     }
 }
 

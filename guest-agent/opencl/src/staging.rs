@@ -313,6 +313,23 @@ impl HostBytes {
         }
     }
 
+    /// This memory for `len` bytes (contents unspecified) if its mapping is
+    /// big enough: a copy into memory already touched skips the page faults
+    /// and zeroing that fresh memory costs (several times the copy itself).
+    pub fn reuse(mut self, len: usize) -> Result<HostBytes, HostBytes> {
+        if self.region.len >= len {
+            self.len = len;
+            Ok(self)
+        } else {
+            Err(self)
+        }
+    }
+
+    /// The bytes this memory can hold ([`HostBytes::reuse`]).
+    pub fn capacity(&self) -> usize {
+        self.region.len
+    }
+
     pub fn from_slice(bytes: &[u8]) -> HostBytes {
         let mut h = HostBytes::zeroed(bytes.len());
         h.copy_from_slice(bytes);
