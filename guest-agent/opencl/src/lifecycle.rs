@@ -547,7 +547,7 @@ fn staging_for(len: usize) -> HostBytes {
     let mut spare = SPARE_STAGING.lock().unwrap_or_else(|e| e.into_inner());
     let fits = spare
         .iter()
-        .position(|h| h.capacity() >= len && h.capacity() <= len.saturating_mul(2));
+        .position(|h| HostBytes::fits(h.capacity(), len));
     match fits.map(|i| spare.swap_remove(i).reuse(len)) {
         Some(Ok(h)) => h,
         _ => HostBytes::zeroed(len),
@@ -1195,7 +1195,7 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         }
         // The proxy holds what RAM holds: a checkpoint, from which a replay
         // can rebuild the session if this proxy dies.
-        s.checkpoint(&journal_contents());
+        s.checkpoint_with(journal_contents);
     } else {
         // Maps the application holds keep their speed on the new vendor.
         staging::repin_held();

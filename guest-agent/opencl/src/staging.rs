@@ -325,6 +325,12 @@ impl HostBytes {
         }
     }
 
+    /// Whether memory that holds `capacity` bytes is worth reusing for
+    /// `len`: big enough, and not much bigger (the rest would sit idle).
+    pub fn fits(capacity: usize, len: usize) -> bool {
+        capacity >= len && capacity <= len.saturating_mul(2)
+    }
+
     /// The bytes this memory can hold ([`HostBytes::reuse`]).
     pub fn capacity(&self) -> usize {
         self.region.len

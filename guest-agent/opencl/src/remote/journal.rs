@@ -88,13 +88,10 @@ impl Payload {
         }
     }
 
-    /// A copy of `bytes` in this payload's memory if it fits (and is not
-    /// much bigger).
+    /// A copy of `bytes` in this payload's memory, which
+    /// [`HostBytes::fits`] it.
     fn refill(self, bytes: &[u8]) -> Result<Payload, Payload> {
         let len = bytes.len();
-        if self.capacity() < len || self.capacity() > len.saturating_mul(2) {
-            return Err(self);
-        }
         Ok(match self {
             Payload::Heap(mut v) => {
                 v.clear();
@@ -252,7 +249,7 @@ impl Journal {
         if let Some(i) = self
             .spare
             .iter()
-            .position(|p| p.capacity() >= len && p.capacity() <= len.saturating_mul(2))
+            .position(|p| HostBytes::fits(p.capacity(), len))
         {
             match self.spare.swap_remove(i).refill(bytes) {
                 Ok(p) => return p,

@@ -424,15 +424,12 @@ impl Session {
         super::journal::FROZEN.store(false, Ordering::Relaxed);
     }
 
-    /// A checkpoint: the proxy is drained and `contents` (by id) hold what
-    /// every memory object holds there. The journal keeps what makes the
-    /// objects and marks them to be filled from RAM at a replay.
-    pub fn checkpoint(&self, contents: &HashMap<crane_wire::Id, Content>) {
-        self.checkpoint_with(|| contents.clone());
-    }
-
-    /// A checkpoint whose RAM copies `install` puts in place (what a
-    /// read-back got from the proxy) and then describes. Replays start from
+    /// A checkpoint: the proxy is drained and what `install` returns (by id)
+    /// holds what every memory object holds there. The journal keeps what
+    /// makes the objects and marks them to be filled from RAM at a replay.
+    ///
+    /// `install` may first put RAM copies in place (what a read-back got
+    /// from the proxy) before it describes them. Replays start from
     /// the RAM copies, so they change only with the journal: `install` runs
     /// while the journal is locked, and a recovery (which holds it for its
     /// replay) sees either the last checkpoint and its RAM copies or this
