@@ -26,7 +26,6 @@ use std::process::Command;
 use anyhow::{Context as _, bail, ensure};
 use crane_images::ImageSpec;
 
-const RUNNER: &str = include_str!("../files/crane-runner");
 const GUEST_PROFILE: &str = include_str!("../files/guest-profile");
 const PROXY_START: &str = include_str!("../files/crane-proxy-start");
 const AGENT_TOML: &str = include_str!("../files/agent.toml");
@@ -54,6 +53,8 @@ pub struct CraneArtifacts {
     pub craned: PathBuf,
     pub crane: PathBuf,
     pub xl_wrapper: PathBuf,
+    /// Every domain's command runner; in dom0 also `crane-guest-run`.
+    pub runner: PathBuf,
 }
 
 /// The cargo target directory (`CARGO_TARGET_DIR`, or `target/` of the workspace).
@@ -91,6 +92,8 @@ impl CraneArtifacts {
                 "craned",
                 "-p",
                 "crane-xl",
+                "-p",
+                "crane-testbed-runner",
             ])
             .current_dir(&root)
             .status()
@@ -124,6 +127,7 @@ impl CraneArtifacts {
             craned: bin("craned")?,
             crane: bin("crane")?,
             xl_wrapper: bin("xl")?,
+            runner: bin("crane-runner")?,
         })
     }
 
@@ -144,28 +148,30 @@ impl CraneArtifacts {
     }
 }
 
-/// A copy of `binary` without debug information at `out` (made again when the binary
-/// is newer). The release profile keeps line tables for profiling; in an HVM guest's
-/// initramfs they cost boot time, since the guest's firmware loads the initramfs
-/// through emulated port I/O (18 MB took about 110 s).
+/// A stripped copy of `binary` at `out` (made again when the binary is newer): no
+/// debug information (the release profile keeps line tables for profiling) and no
+/// symbol table beyond what dynamic linking needs. In an HVM guest's initramfs
+/// every megabyte costs boot time, since the guest's firmware loads the initramfs
+/// through emulated port I/O (18 MB took about 110 s; ~7 s per MB on a slow machine).
 fn stripped(binary: &Path, out: &Path) -> anyhow::Result<PathBuf> {
     let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified());
     let source = modified(binary).with_context(|| format!("{} was not built", binary.display()))?;
     if modified(out).is_ok_and(|t| t >= source) {
         return Ok(out.to_path_buf());
     }
+    let shared = binary.extension().is_some_and(|e| e == "so");
     let status = Command::new("strip")
-        .arg("--strip-debug")
+        .arg(if shared {
+            "--strip-unneeded"
+        } else {
+            "--strip-all"
+        })
         .arg("-o")
         .arg(out)
         .arg(binary)
         .status()
         .context("running strip (binutils)")?;
-    ensure!(
-        status.success(),
-        "strip --strip-debug {} failed",
-        binary.display()
-    );
+    ensure!(status.success(), "strip {} failed", binary.display());
     Ok(out.to_path_buf())
 }
 
@@ -201,10 +207,11 @@ pub fn opencl_disk(
     )
 }
 
-/// Every domU: the command runner on its Xen console.
-pub fn plain_spec() -> ImageSpec {
+/// Every domU: the command runner (`runner`, built from test-vms/runner) on its
+/// Xen console.
+pub fn plain_spec(runner: &Path) -> ImageSpec {
     ImageSpec::default()
-        .text("/usr/sbin/crane-runner", RUNNER, 0o755)
+        .file(runner, "/usr/sbin/crane-runner", 0o755)
         .service("/usr/sbin/crane-runner /dev/hvc0")
 }
 
@@ -214,7 +221,7 @@ pub fn guest_spec(
     artifacts: &CraneArtifacts,
     opencl: &crane_images::ReadOnlyDisk,
 ) -> anyhow::Result<ImageSpec> {
-    let mut spec = plain_spec()
+    let mut spec = plain_spec(&artifacts.runner)
         .read_only_disk(opencl)
         // For the tier's check that the guest cannot post itself a request.
         .xenstore_client()
@@ -246,7 +253,7 @@ pub fn guest_spec(
 /// The proxy domain: PoCL, the XenStore client (for operators), crane-proxy and the
 /// service that starts it, following the tokens dom0 publishes.
 pub fn proxy_spec(artifacts: &CraneArtifacts, opencl: &crane_images::ReadOnlyDisk) -> ImageSpec {
-    plain_spec()
+    plain_spec(&artifacts.runner)
         .read_only_disk(opencl)
         .xenstore_client()
         .file(&artifacts.proxy, "/usr/sbin/crane-proxy", 0o755)
@@ -291,6 +298,7 @@ mod tests {
             craned: "/t/craned".into(),
             crane: "/t/crane".into(),
             xl_wrapper: "/t/xl".into(),
+            runner: "/t/crane-runner".into(),
         };
         let disk = crane_images::ReadOnlyDisk {
             image: "/t/opencl.sqfs".into(),

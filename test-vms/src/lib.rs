@@ -22,9 +22,6 @@ use crane_images::{ImageSpec, Images, Paths};
 pub use control::CommandOutput;
 pub use host::{EmulatedHost, GUEST_STANDIN_BDF, HostConfig, Lifetime, PROXY_STANDIN_BDF};
 
-const RUNNER: &str = include_str!("../files/crane-runner");
-const GUEST_RUN: &str = include_str!("../files/crane-guest-run");
-
 /// Where dom0 finds the domU kernel and initramfs images (see [`domus`]): the GPU
 /// guest carrying crane, the proxy domain, and a plain domU (busybox and the
 /// command runner: the PV guest of the stop-and-copy check).
@@ -83,12 +80,12 @@ pub fn build_images_with(
         .domu("crane-proxy", &domus::proxy_spec(&artifacts, &opencl))
         .context("building the proxy domain's image")?;
     let plain = builder
-        .domu("plain", &domus::plain_spec())
+        .domu("plain", &domus::plain_spec(&artifacts.runner))
         .context("building the plain domU's image")?;
     let kernel = builder.kernel()?;
     let dom0_spec = ImageSpec::default()
-        .text("/usr/sbin/crane-runner", RUNNER, 0o755)
-        .text("/usr/sbin/crane-guest-run", GUEST_RUN, 0o755)
+        .file(&artifacts.runner, "/usr/sbin/crane-runner", 0o755)
+        .file(&artifacts.runner, "/usr/sbin/crane-guest-run", 0o755)
         .file(&kernel, GUEST_KERNEL, 0o644)
         .file(&crane_guest, CRANE_GUEST_INITRD, 0o644)
         .file(&proxy, PROXY_INITRD, 0o644)

@@ -4,13 +4,14 @@
 
 mod icd;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use crane_control::{Request, Response, call, list_pids, run_dir_from_env, socket_path};
+use crane_control::{AppStatus, Request, Response, call, list_pids, run_dir_from_env, socket_path};
 
 mod agent;
 
@@ -45,6 +46,16 @@ struct OnDevice {
     device: Option<String>,
 }
 
+/// A watch interval: a positive number of seconds, at most a day.
+fn parse_interval(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds between 0 and 86400"
+        )),
+    }
+}
+
 /// Checks a device spec the way the process will read it.
 fn parse_device(s: &str) -> Result<String, String> {
     crane_control::DeviceSpec::parse(s).map(|_| s.trim().to_owned())
@@ -53,7 +64,13 @@ fn parse_device(s: &str) -> Result<String, String> {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// List the interposed processes, their mode and their objects.
-    List,
+    List {
+        /// List again every SECS seconds until stopped, printing the listing
+        /// only when a process appeared, left or changed mode (e.g. to follow a
+        /// migration).
+        #[arg(long, value_name = "SECS", value_parser = parse_interval)]
+        watch: Option<f64>,
+    },
     /// Park a process's GPU state in RAM and unload its vendor library.
     Suspend(Which),
     /// Read a process's device memory into RAM while it runs on, so that a
@@ -182,6 +199,74 @@ fn main() -> ExitCode {
     }
 }
 
+/// The status of every process with a control socket (a stale socket of a
+/// process that is gone is removed; other failures are reported on stderr).
+fn statuses(run_dir: &Path, timeout: Duration) -> Vec<AppStatus> {
+    let mut out = Vec::new();
+    for pid in list_pids(run_dir) {
+        let path = socket_path(run_dir, pid);
+        match call(&path, &Request::Status, timeout) {
+            Ok(Response {
+                status: Some(s), ..
+            }) => out.push(s),
+            Ok(r) => eprintln!("{pid}: {}", r.error.unwrap_or_default()),
+            Err(crane_control::CallError::Connect { .. })
+                if !Path::new(&format!("/proc/{pid}")).exists() =>
+            {
+                // The process is gone; its socket is stale.
+                let _ = std::fs::remove_file(&path);
+            }
+            Err(e) => eprintln!("{pid}: {e}"),
+        }
+    }
+    out
+}
+
+fn list(run_dir: &Path, json: bool, timeout: Duration) -> Result<()> {
+    print_list(&statuses(run_dir, timeout), json)
+}
+
+fn print_list(seen: &[AppStatus], json: bool) -> Result<()> {
+    if !json {
+        println!(
+            "{:>8}  {:<11} {:>4} {:>4} {:>5} {:>4} {:>5} {:>5} {:>12} {:>12}  exe",
+            "pid", "mode", "ctx", "queue", "mem", "prog", "kern", "event", "tracked B", "dirty B"
+        );
+    }
+    for s in seen {
+        if json {
+            println!("{}", serde_json::to_string(&s)?);
+        } else if s.busy {
+            println!(
+                "{:>8}  {:<11} (inside an OpenCL call: objects not counted)  {}",
+                s.pid,
+                format!("{:?}", s.mode).to_lowercase(),
+                s.exe
+            );
+        } else {
+            let o = &s.objects;
+            println!(
+                "{:>8}  {:<11} {:>4} {:>5} {:>4} {:>4} {:>5} {:>5} {:>12} {:>12}  {}",
+                s.pid,
+                format!("{:?}", s.mode).to_lowercase(),
+                o.contexts,
+                o.queues,
+                o.buffers + o.images,
+                o.programs,
+                o.kernels,
+                o.events,
+                s.tracked_bytes,
+                s.dirty_bytes,
+                s.exe
+            );
+            if !s.devices.is_empty() {
+                println!("{:>8}  on {}", "", s.devices.join(", "));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     let json = cli.json;
@@ -189,69 +274,27 @@ fn run() -> Result<ExitCode> {
     let timeout = Duration::from_secs(120);
     let mut failed = false;
     match cli.cmd {
-        Cmd::List => {
-            if !json {
-                println!(
-                    "{:>8}  {:<11} {:>4} {:>4} {:>5} {:>4} {:>5} {:>5} {:>12} {:>12}  exe",
-                    "pid",
-                    "mode",
-                    "ctx",
-                    "queue",
-                    "mem",
-                    "prog",
-                    "kern",
-                    "event",
-                    "tracked B",
-                    "dirty B"
-                );
-            }
-            for pid in list_pids(&run_dir) {
-                let path = socket_path(&run_dir, pid);
-                match call(&path, &Request::Status, timeout) {
-                    Ok(Response {
-                        status: Some(s), ..
-                    }) => {
-                        if json {
-                            println!("{}", serde_json::to_string(&s)?);
-                        } else if s.busy {
-                            println!(
-                                "{:>8}  {:<11} (inside an OpenCL call: objects not counted)  {}",
-                                s.pid,
-                                format!("{:?}", s.mode).to_lowercase(),
-                                s.exe
-                            );
-                        } else {
-                            let o = &s.objects;
-                            println!(
-                                "{:>8}  {:<11} {:>4} {:>5} {:>4} {:>4} {:>5} {:>5} {:>12} {:>12}  {}",
-                                s.pid,
-                                format!("{:?}", s.mode).to_lowercase(),
-                                o.contexts,
-                                o.queues,
-                                o.buffers + o.images,
-                                o.programs,
-                                o.kernels,
-                                o.events,
-                                s.tracked_bytes,
-                                s.dirty_bytes,
-                                s.exe
-                            );
-                            if !s.devices.is_empty() {
-                                println!("{:>8}  on {}", "", s.devices.join(", "));
-                            }
-                        }
+        Cmd::List { watch } => match watch {
+            None => list(&run_dir, json, timeout)?,
+            Some(every) => {
+                // Listed again every `every` seconds; printed only when a process
+                // appeared, left or changed mode.
+                let mut last = None;
+                loop {
+                    let seen = statuses(&run_dir, timeout);
+                    let key: Vec<(u32, String)> = seen
+                        .iter()
+                        .map(|s| (s.pid, format!("{:?}", s.mode)))
+                        .collect();
+                    if last.as_ref() != Some(&key) {
+                        print_list(&seen, json)?;
+                        std::io::stdout().flush()?;
+                        last = Some(key);
                     }
-                    Ok(r) => eprintln!("{pid}: {}", r.error.unwrap_or_default()),
-                    Err(crane_control::CallError::Connect { .. })
-                        if !Path::new(&format!("/proc/{pid}")).exists() =>
-                    {
-                        // The process is gone; its socket is stale.
-                        let _ = std::fs::remove_file(&path);
-                    }
-                    Err(e) => eprintln!("{pid}: {e}"),
+                    std::thread::sleep(Duration::from_secs_f64(every));
                 }
             }
-        }
+        },
         Cmd::Suspend(_)
         | Cmd::Precopy(_)
         | Cmd::Checkpoint(_)

@@ -62,6 +62,7 @@ fn mistakes_are_errors_that_say_what_was_wrong() {
         ),
         (&["uninstall-icd", "--root"][..], "a value is required"),
         (&["frobnicate"][..], "frobnicate"),
+        (&["list", "--watch", "0"][..], "between 0 and 86400"),
     ] {
         let o = cranectl(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -80,4 +81,27 @@ fn a_well_formed_command_runs() {
     // --json after the verb works too.
     let o = cranectl(&["list", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_watched_listing_is_printed_again_only_when_it_changes() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cranectl"))
+        .args(["list", "--watch", "0.05"])
+        .env(
+            "CRANE_RUN_DIR",
+            std::env::temp_dir().join("cranectl-cli-test-none"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cranectl runs");
+    // About ten listings of nothing: one printed.
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "--watch ended by itself"
+    );
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("pid").count(), 1, "{text}");
 }
