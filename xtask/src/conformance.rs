@@ -112,6 +112,12 @@ pub struct Args {
     /// under target/conformance/logs).
     #[arg(long, value_name = "DIR")]
     logs: Option<PathBuf>,
+    /// How many modes of a suite run at once after its native run (each mode's
+    /// runs are independent processes with their own proxy and folders). 1 for
+    /// timings that mean something; CI runs several to use the cores the suites
+    /// leave idle.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16))]
+    jobs: u32,
     /// SUITE[:SUBTEST,...]
     suites: Vec<String>,
 }
@@ -956,6 +962,28 @@ pub fn main(
             device,
             modes: BTreeMap::new(),
         };
+        // The modes under crane, `--jobs` at a time; reported in mode order.
+        let crane_modes: Vec<Mode> = if kept.is_empty() {
+            Vec::new()
+        } else {
+            modes
+                .iter()
+                .copied()
+                .filter(|m| *m != Mode::Native)
+                .collect()
+        };
+        let mut ran = run_modes(&crane_modes, args.jobs as usize, |mode| {
+            run_all(
+                suite,
+                &kept,
+                mode,
+                &setup,
+                limit,
+                &sdir,
+                &keep_logs,
+                Some(&native.outcomes),
+            )
+        });
         for &mode in &modes {
             let mut r = if mode == Mode::Native {
                 let mut n = ModeResult {
@@ -963,19 +991,11 @@ pub fn main(
                 };
                 n.outcomes.retain(|k, _| kept.contains(k));
                 n
-            } else if kept.is_empty() {
-                continue;
             } else {
-                run_all(
-                    suite,
-                    &kept,
-                    mode,
-                    &setup,
-                    limit,
-                    &sdir,
-                    &keep_logs,
-                    Some(&native.outcomes),
-                )?
+                match ran.remove(&mode) {
+                    Some(r) => r?,
+                    None => continue,
+                }
             };
             if mode != Mode::Native {
                 let native = &native.outcomes;
@@ -1023,6 +1043,35 @@ pub fn main(
     }
     println!("conformance: every mode matches native");
     Ok(())
+}
+
+/// Runs `run` for every mode, at most `jobs` at once; the results by mode.
+fn run_modes<T: Send>(
+    modes: &[Mode],
+    jobs: usize,
+    run: impl Fn(Mode) -> Result<T> + Sync,
+) -> BTreeMap<Mode, Result<T>> {
+    let queue = std::sync::Mutex::new(modes.to_vec());
+    let done = std::sync::Mutex::new(BTreeMap::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.clamp(1, modes.len().max(1)) {
+            scope.spawn(|| {
+                loop {
+                    // Taken from the front: the order given is the order started.
+                    let next = {
+                        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+                        (!q.is_empty()).then(|| q.remove(0))
+                    };
+                    let Some(mode) = next else { break };
+                    let r = run(mode);
+                    done.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(mode, r);
+                }
+            });
+        }
+    });
+    done.into_inner().unwrap_or_else(|e| e.into_inner())
 }
 
 fn native_clone(n: &ModeResult) -> ModeResult {
@@ -1130,6 +1179,50 @@ mod tests {
         let (started, out) = parse_log("x...\nx passed\nab passed\n", &subs);
         assert!(started.is_empty());
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn modes_run_at_most_jobs_at_once_and_each_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let modes = [
+            Mode::Passthrough,
+            Mode::Cycles,
+            Mode::Remote,
+            Mode::Switches,
+        ];
+        for jobs in [1, 2, 8] {
+            let (now, most, calls) = (
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+            );
+            let r = run_modes(&modes, jobs, |m| {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                calls.fetch_add(1, Ordering::SeqCst);
+                // Runs wait until as many run at once as may (a pool that runs
+                // fewer fails the check on `most` below).
+                let until = Instant::now() + Duration::from_secs(5);
+                let want = jobs.min(4);
+                while now.load(Ordering::SeqCst) < want
+                    && most.load(Ordering::SeqCst) < want
+                    && Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                most.fetch_max(now.load(Ordering::SeqCst), Ordering::SeqCst);
+                now.fetch_sub(1, Ordering::SeqCst);
+                if m == Mode::Remote {
+                    bail!("remote failed")
+                }
+                Ok(m.name())
+            });
+            assert_eq!(calls.load(Ordering::SeqCst), 4);
+            assert_eq!(most.load(Ordering::SeqCst), jobs.min(4), "jobs {jobs}");
+            assert_eq!(r.len(), 4);
+            assert_eq!(r[&Mode::Cycles].as_ref().unwrap(), &Mode::Cycles.name());
+            assert!(r[&Mode::Remote].is_err());
+        }
     }
 
     #[test]

@@ -161,56 +161,11 @@ fn test() -> Result<()> {
         name: "doc tests".into(),
         cmd: doc,
     });
+    // The conformance tier (the Khronos CTS subset that fits CI, natively and
+    // through crane in every mode, two modes at a time) and the two benchmarks'
+    // smoke runs go into the same pool: the test binaries leave cores idle.
+    jobs.extend(conformance_tier_jobs()?);
     pool::run_all(jobs, pool::jobs_from_env()?)?;
-    // The conformance tier: the Khronos CTS subset that fits CI, natively and
-    // through crane in every mode, on the debug builds made above.
-    {
-        use clap::Parser;
-        let debug = root().join("target/debug");
-        let lib = debug.join("libcrane_opencl.so");
-        let proxy = debug.join("crane-proxy");
-        let args = conformance::Args::parse_from([
-            "conformance".as_ref(),
-            "--ci".as_ref(),
-            "--lib".as_ref(),
-            lib.as_os_str(),
-            "--proxy".as_ref(),
-            proxy.as_os_str(),
-        ]);
-        conformance::main(args, &root(), |_| unreachable!("both binaries are given"))?;
-        // Every transfer path at tiny sizes, natively and under crane: the
-        // benchmark cannot rot, and each path's bytes are checked under crane.
-        let args = bench_data::Args::parse_from([
-            "bench-data".as_ref(),
-            "--sizes".as_ref(),
-            "4K,1M".as_ref(),
-            "--bytes-per-path".as_ref(),
-            "4M".as_ref(),
-            "--rounds".as_ref(),
-            "1".as_ref(),
-            "--lib".as_ref(),
-            lib.as_os_str(),
-        ]);
-        bench_data::main(args, &root(), || unreachable!("the library is given"))?;
-        // The stoppage benchmark at 1 MiB: suspend/resume and a move to
-        // crane-proxy and back, the application's memory checked at the end.
-        let args = bench_stoppage::Args::parse_from([
-            "bench-stoppage".as_ref(),
-            "--mib".as_ref(),
-            "1".as_ref(),
-            "--rewrite".as_ref(),
-            "100".as_ref(),
-            "--buffer-mib".as_ref(),
-            "0.25".as_ref(),
-            "--repeat".as_ref(),
-            "1".as_ref(),
-            "--lib".as_ref(),
-            lib.as_os_str(),
-            "--proxy".as_ref(),
-            proxy.as_os_str(),
-        ]);
-        bench_stoppage::main(args, &root(), || unreachable!("both binaries are given"))?;
-    }
     eprintln!(
         "xtask: unit, integration and conformance tiers passed in {:.0} s; now the end-to-end tier",
         t.elapsed().as_secs_f64()
@@ -251,6 +206,76 @@ fn test() -> Result<()> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The conformance tier as pool jobs, each this program run again on the
+/// debug builds made above: the CTS subset in every mode; every transfer path
+/// at tiny sizes natively and under crane (the benchmark cannot rot, and each
+/// path's bytes are checked under crane); the stoppage benchmark at 1 MiB
+/// (suspend/resume and a move to crane-proxy and back, the application's
+/// memory checked at the end).
+fn conformance_tier_jobs() -> Result<Vec<pool::Job>> {
+    let debug = root().join("target/debug");
+    let lib = debug.join("libcrane_opencl.so");
+    let proxy = debug.join("crane-proxy");
+    let me = std::env::current_exe().context("where is xtask")?;
+    let job = |name: &str, args: &[&std::ffi::OsStr]| {
+        let mut cmd = Command::new(&me);
+        cmd.args(args).current_dir(root()).env_remove(tier::E2E_ENV);
+        pool::Job {
+            name: name.into(),
+            cmd,
+        }
+    };
+    let (lib, proxy) = (lib.as_os_str(), proxy.as_os_str());
+    let o = |s: &'static str| std::ffi::OsStr::new(s);
+    Ok(vec![
+        job(
+            "xtask conformance",
+            &[
+                o("conformance"),
+                o("--ci"),
+                o("--jobs"),
+                o("2"),
+                o("--lib"),
+                lib,
+                o("--proxy"),
+                proxy,
+            ],
+        ),
+        job(
+            "xtask bench-data",
+            &[
+                o("bench-data"),
+                o("--sizes"),
+                o("4K,1M"),
+                o("--bytes-per-path"),
+                o("4M"),
+                o("--rounds"),
+                o("1"),
+                o("--lib"),
+                lib,
+            ],
+        ),
+        job(
+            "xtask bench-stoppage",
+            &[
+                o("bench-stoppage"),
+                o("--mib"),
+                o("1"),
+                o("--rewrite"),
+                o("100"),
+                o("--buffer-mib"),
+                o("0.25"),
+                o("--repeat"),
+                o("1"),
+                o("--lib"),
+                lib,
+                o("--proxy"),
+                proxy,
+            ],
+        ),
+    ])
 }
 
 /// Gets the end-to-end tier ready while the other tiers run: installs its host

@@ -102,6 +102,7 @@ fn artifact(line: &str) -> Option<Artifact> {
 /// starts after them; a name that no longer exists costs nothing.
 const LONG_FIRST: &[&str] = &[
     "proxy_death",
+    "conformance",
     "corpus",
     "remote",
     "bad_input",
