@@ -230,7 +230,9 @@ pub const FAKE_PID: u32 = 4242;
 /// A guest agent playing domain `domid` in a `MemStore`.
 pub struct FakeAgent {
     stop: Arc<AtomicBool>,
-    paused: Arc<AtomicBool>,
+    /// Held by the agent's thread for each whole turn of its loop, so that
+    /// [`FakeAgent::pause`] returns only once no turn is under way.
+    paused: Arc<Mutex<bool>>,
     seen: Arc<Mutex<Vec<Request>>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -238,7 +240,7 @@ pub struct FakeAgent {
 impl FakeAgent {
     pub fn start(store: &MemStore, domid: u16, initial: GuestState, on_migrate: OnMigrate) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let paused = Arc::new(AtomicBool::new(false));
+        let paused = Arc::new(Mutex::new(false));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let conn = store.connect(domid);
         let (stop2, paused2, seen2) = (stop.clone(), paused.clone(), seen.clone());
@@ -250,7 +252,8 @@ impl FakeAgent {
             };
             while !stop2.load(Ordering::SeqCst) {
                 let _ = conn.wait_event(Duration::from_millis(20));
-                if paused2.load(Ordering::SeqCst) {
+                let mut paused = paused2.lock().unwrap();
+                if *paused {
                     continue;
                 }
                 // The real agent republishes its state whenever its watch
@@ -312,7 +315,7 @@ impl FakeAgent {
                     (Op::PrepareMigrate(_), OnMigrate::Freeze) => {
                         state.state = GuestState::Migrating;
                         publish_state(&conn, &state).unwrap();
-                        paused2.store(true, Ordering::SeqCst);
+                        *paused = true;
                     }
                     (Op::PrepareMigrate(_), OnMigrate::Fail) => {
                         answer(Outcome::Failed, &state, Some(Rollback::Complete));
@@ -333,9 +336,10 @@ impl FakeAgent {
     }
 
     /// Stops it reading anything (`on`), like a SIGSTOPped agent, or lets it
-    /// go on.
+    /// go on. Once it returns, a request written is not taken while paused
+    /// (a turn of the agent's loop that began before has ended).
     pub fn pause(&self, on: bool) {
-        self.paused.store(on, Ordering::SeqCst);
+        *self.paused.lock().unwrap() = on;
     }
 
     /// The requests it acted upon, in order.
