@@ -1051,18 +1051,15 @@ fn run_modes<T: Send>(
     jobs: usize,
     run: impl Fn(Mode) -> Result<T> + Sync,
 ) -> BTreeMap<Mode, Result<T>> {
-    let queue = std::sync::Mutex::new(modes.to_vec());
+    let next = std::sync::atomic::AtomicUsize::new(0);
     let done = std::sync::Mutex::new(BTreeMap::new());
     std::thread::scope(|scope| {
         for _ in 0..jobs.clamp(1, modes.len().max(1)) {
             scope.spawn(|| {
-                loop {
-                    // Taken from the front: the order given is the order started.
-                    let next = {
-                        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
-                        (!q.is_empty()).then(|| q.remove(0))
-                    };
-                    let Some(mode) = next else { break };
+                // Taken in order: the order given is the order started.
+                while let Some(&mode) =
+                    modes.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
                     let r = run(mode);
                     done.lock()
                         .unwrap_or_else(|e| e.into_inner())

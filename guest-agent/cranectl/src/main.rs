@@ -282,10 +282,7 @@ fn run() -> Result<ExitCode> {
                 let mut last = None;
                 loop {
                     let seen = statuses(&run_dir, timeout);
-                    let key: Vec<(u32, String)> = seen
-                        .iter()
-                        .map(|s| (s.pid, format!("{:?}", s.mode)))
-                        .collect();
+                    let key: Vec<_> = seen.iter().map(|s| (s.pid, s.mode)).collect();
                     if last.as_ref() != Some(&key) {
                         print_list(&seen, json)?;
                         std::io::stdout().flush()?;

@@ -22,10 +22,9 @@
 //!   arrived: an IDLE saying this request has ended, its END not taken, makes
 //!   the client ask again (the runner replays the answer).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -33,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, kill};
-use nix::sys::termios;
 use nix::unistd::Pid;
 
 use crate::proto::{AnswerParser, request_line};
@@ -132,11 +130,7 @@ impl Console {
             if let Some(p) = pid.filter(|_| alive) {
                 let _ = kill(Pid::from_raw(p), Signal::SIGTERM);
             }
-            let end = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc_o_noctty())
-                .open(&tty)?;
+            let end = crate::open_raw(Path::new(&tty))?;
             let mut holder = Command::new("sleep");
             holder
                 .arg("2147483647")
@@ -153,15 +147,7 @@ impl Console {
             let child = holder.spawn()?;
             std::fs::write(&hold, format!("{} {tty}\n", child.id()))?;
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc_o_noctty())
-            .open(&tty)?;
-        // stty raw -echo
-        let mut t = termios::tcgetattr(file.as_fd()).map_err(io::Error::from)?;
-        termios::cfmakeraw(&mut t);
-        termios::tcsetattr(file.as_fd(), termios::SetArg::TCSANOW, &t).map_err(io::Error::from)?;
+        let file = crate::open_raw(Path::new(&tty))?;
         Ok(Console {
             domid: domid.to_owned(),
             file,
@@ -171,10 +157,6 @@ impl Console {
     fn send(&mut self, text: &str) -> io::Result<()> {
         self.file.write_all(text.as_bytes())
     }
-}
-
-fn libc_o_noctty() -> i32 {
-    nix::fcntl::OFlag::O_NOCTTY.bits()
 }
 
 /// Stops the holders of domains that are gone.

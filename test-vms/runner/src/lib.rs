@@ -20,3 +20,21 @@
 pub mod client;
 pub mod proto;
 pub mod serve;
+
+/// Opens a device for the channel: read-write, never as the controlling
+/// terminal, and in raw mode without echo (`stty raw -echo`) if it is a
+/// terminal (anything else is used as it is).
+pub fn open_raw(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOCTTY.bits())
+        .open(path)?;
+    if let Ok(mut t) = nix::sys::termios::tcgetattr(file.as_fd()) {
+        nix::sys::termios::cfmakeraw(&mut t);
+        nix::sys::termios::tcsetattr(file.as_fd(), nix::sys::termios::SetArg::TCSANOW, &t)?;
+    }
+    Ok(file)
+}

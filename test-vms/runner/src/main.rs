@@ -56,18 +56,7 @@ fn main() -> ExitCode {
 }
 
 fn run(device: &str) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    use std::os::unix::fs::OpenOptionsExt;
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(nix::fcntl::OFlag::O_NOCTTY.bits())
-        .open(device)?;
-    // stty raw -echo (a device that is not a terminal is used as it is).
-    if let Ok(mut t) = nix::sys::termios::tcgetattr(dev.as_fd()) {
-        nix::sys::termios::cfmakeraw(&mut t);
-        nix::sys::termios::tcsetattr(dev.as_fd(), nix::sys::termios::SetArg::TCSANOW, &t)?;
-    }
+    let dev = crane_testbed_runner::open_raw(Path::new(device))?;
     let output = dev.try_clone()?;
     serve::serve(dev, output, &serve::Config::default())
 }
