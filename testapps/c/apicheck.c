@@ -14,6 +14,8 @@
  *   - CL_QUEUE_DEVICE_DEFAULT of a host queue and clGetPipeInfo of a buffer
  *     answer as the vendor does.
  * Every part prints one line; `--iters` repeats the transfers. */
+/* clSetCommandQueueProperty (`--queue-property`) is an OpenCL 1.0 API. */
+#define CL_USE_DEPRECATED_OPENCL_1_0_APIS
 #include "common.h"
 
 #define BIG ((size_t)3 * 1024 * 1024 + 12345)
@@ -365,18 +367,116 @@ static void device_queue(cl_context ctx, cl_device_id dev)
         CK(clReleaseCommandQueue(q));
 }
 
+/* `--queue-property`: the deprecated clSetCommandQueueProperty on a queue
+ * made with profiling: what it answers, the properties before and after,
+ * and that the queue still works. NVIDIA carries it out; others answer
+ * CL_INVALID_OPERATION (PoCL's ICD entry is missing: natively the loader
+ * crashes, under crane the call fails cleanly). */
+static void queue_property(cl_context ctx, cl_device_id dev)
+{
+    cl_int err = CL_SUCCESS;
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
+    CK(err);
+    for (int enable = 0; enable < 2; enable++) {
+        cl_command_queue_properties old = 12345, now = 0;
+        err = clSetCommandQueueProperty(q, CL_QUEUE_PROFILING_ENABLE, enable ? CL_TRUE : CL_FALSE, &old);
+        CK(clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES, sizeof now, &now, NULL));
+        printf("apicheck: set profiling %d: %d, old %llu, now %llu\n", enable, (int)err,
+               err == CL_SUCCESS ? (unsigned long long)old : 0ULL, (unsigned long long)now);
+    }
+    cl_mem m = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4096, NULL, &err);
+    CK(err);
+    unsigned char in[4096], out[4096];
+    for (int i = 0; i < 4096; i++)
+        in[i] = (unsigned char)(i * 7);
+    cl_event ev;
+    CK(clEnqueueWriteBuffer(q, m, CL_TRUE, 0, sizeof in, in, 0, NULL, NULL));
+    CK(clEnqueueReadBuffer(q, m, CL_FALSE, 0, sizeof out, out, 0, NULL, &ev));
+    CK(clWaitForEvents(1, &ev));
+    cl_ulong t0 = 0, t1 = 0;
+    err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL);
+    printf("apicheck: queue after: data %s, profiling %d%s\n", memcmp(in, out, sizeof in) ? "differs" : "same",
+           (int)err, err == CL_SUCCESS && t1 >= t0 ? " ordered" : "");
+    CK(clReleaseEvent(ev));
+    CK(clReleaseMemObject(m));
+    CK(clReleaseCommandQueue(q));
+}
+
+/* `--spec-errors`: error codes the specification gives and a vendor may
+ * not (PoCL 3.1 answers CL_DEVICE_NOT_FOUND for device type 0 and takes a
+ * buffer for an image argument; NVIDIA gives the specification's codes):
+ * under crane remote the client answers them, so they are printed, not
+ * compared with native. A valid image argument still succeeds. */
+static void spec_errors(cl_platform_id plat, cl_context ctx, cl_device_id dev)
+{
+    cl_device_id d = NULL;
+    printf("apicheck: clGetDeviceIDs type 0: %d\n", (int)clGetDeviceIDs(plat, 0, 1, &d, NULL));
+    printf("apicheck: clGetDeviceIDs type 1<<20: %d\n", (int)clGetDeviceIDs(plat, 1u << 20, 1, &d, NULL));
+    printf("apicheck: clGetDeviceIDs 0 entries: %d\n",
+           (int)clGetDeviceIDs(plat, CL_DEVICE_TYPE_DEFAULT, 0, &d, NULL));
+    printf("apicheck: clGetDeviceIDs no outputs: %d\n",
+           (int)clGetDeviceIDs(plat, CL_DEVICE_TYPE_DEFAULT, 1, NULL, NULL));
+    cl_bool images = CL_FALSE;
+    CK(clGetDeviceInfo(dev, CL_DEVICE_IMAGE_SUPPORT, sizeof images, &images, NULL));
+    if (!images) {
+        printf("apicheck: no image support\n");
+        return;
+    }
+    cl_program p = build_source(ctx, dev,
+                                "__kernel void k(read_only image2d_t img, __global uint4 *o) {\n"
+                                "    o[0] = read_imageui(img, (int2)(0, 0));\n"
+                                "}\n",
+                                NULL);
+    cl_int err;
+    cl_kernel k = clCreateKernel(p, "k", &err);
+    CK(err);
+    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 64, NULL, &err);
+    CK(err);
+    cl_image_format f = {CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.image_type = CL_MEM_OBJECT_IMAGE2D;
+    desc.image_width = 4;
+    desc.image_height = 4;
+    cl_mem img = clCreateImage(ctx, CL_MEM_READ_ONLY, &f, &desc, NULL, &err);
+    CK(err);
+    printf("apicheck: image argument, a buffer: %d\n", (int)clSetKernelArg(k, 0, sizeof buf, &buf));
+    printf("apicheck: image argument, an image: %d\n", (int)clSetKernelArg(k, 0, sizeof img, &img));
+    printf("apicheck: buffer argument, a buffer: %d\n", (int)clSetKernelArg(k, 1, sizeof buf, &buf));
+    CK(clReleaseMemObject(img));
+    CK(clReleaseMemObject(buf));
+    CK(clReleaseKernel(k));
+    CK(clReleaseProgram(p));
+}
+
 int main(int argc, char **argv)
 {
     g_prog = "apicheck";
     int dq = argc > 1 && strcmp(argv[1], "--device-queue") == 0;
     int sv = argc > 1 && strcmp(argv[1], "--svm") == 0;
-    int iters = dq || sv ? 1 : parse_iters(argc, argv, 2);
+    int qp = argc > 1 && strcmp(argv[1], "--queue-property") == 0;
+    int se = argc > 1 && strcmp(argv[1], "--spec-errors") == 0;
+    int iters = dq || sv || qp || se ? 1 : parse_iters(argc, argv, 2);
     cl_platform_id plat;
     cl_device_id dev;
     pick_device(&plat, &dev);
     cl_context ctx = make_context(plat, dev);
     if (sv) {
         svm(plat, ctx, dev);
+        CK(clReleaseContext(ctx));
+        print_result();
+        return 0;
+    }
+    if (se) {
+        spec_errors(plat, ctx, dev);
+        CK(clReleaseContext(ctx));
+        print_result();
+        return 0;
+    }
+    if (qp) {
+        queue_property(ctx, dev);
         CK(clReleaseContext(ctx));
         print_result();
         return 0;

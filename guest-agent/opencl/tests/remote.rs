@@ -563,3 +563,80 @@ fn a_remote_device_has_no_svm() {
         "{stdout}"
     );
 }
+
+/// clSetCommandQueueProperty (deprecated) is carried out by crane-proxy's
+/// vendor (wire 1.4): what it answers, the properties before and after and
+/// the queue's use afterwards are those of passthrough on the same vendor.
+/// PoCL has no such entry (natively its ICD loader calls a null pointer),
+/// so both answer CL_INVALID_OPERATION and the proxy serves the next
+/// session; NVIDIA carries it out (the CTS's test_api
+/// `set_command_queue_property`, docs/conformance.md).
+#[test]
+fn set_command_queue_property_goes_to_the_proxy() {
+    let proxy = Proxy::start("queueprop", false, &[("abc", "t")]);
+    let run = |remote: bool| {
+        let mut c = Command::new(apps().join("apicheck"));
+        c.arg("--queue-property")
+            .env("LD_PRELOAD", library())
+            .env("CRANE_CONTROL", "0");
+        if remote {
+            c.env("CRANE_MODE", "remote")
+                .env("CRANE_PROXY", &proxy.addr)
+                .env("CRANE_PROXY_TOKEN", "abc");
+        }
+        let out = c.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let local = run(false);
+    assert!(local.contains("apicheck: set profiling 0: "), "{local}");
+    assert!(local.contains("queue after: data same"), "{local}");
+    for _ in 0..2 {
+        assert_eq!(run(true), local);
+    }
+}
+
+/// The client's own answers give the specification's error codes where
+/// PoCL 3.1 does not (CL_DEVICE_NOT_FOUND for a device type of 0, a buffer
+/// taken for an image argument; NVIDIA gives the specification's codes, and
+/// the CTS's test_api `negative_get_device_ids` and
+/// `negative_set_kernel_arg_invalid_image` check them), and valid calls stay
+/// valid.
+#[test]
+fn remote_errors_are_the_specifications() {
+    let proxy = Proxy::start("specerrors", false, &[("abc", "t")]);
+    let out = Command::new(apps().join("apicheck"))
+        .arg("--spec-errors")
+        .env("LD_PRELOAD", library())
+        .env("CRANE_CONTROL", "0")
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "abc")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "clGetDeviceIDs type 0: -31",
+        "clGetDeviceIDs type 1<<20: -31",
+        "clGetDeviceIDs 0 entries: -30",
+        "clGetDeviceIDs no outputs: -30",
+        "image argument, a buffer: -38",
+        "image argument, an image: 0",
+        "buffer argument, a buffer: 0",
+    ] {
+        assert!(
+            stdout.contains(&format!("apicheck: {line}\n")),
+            "{line}:\n{stdout}"
+        );
+    }
+}

@@ -50,7 +50,7 @@ pub mod source;
 /// Bumped on incompatible changes.
 pub const VERSION_MAJOR: u16 = 1;
 /// Bumped on compatible additions.
-pub const VERSION_MINOR: u16 = 3;
+pub const VERSION_MINOR: u16 = 4;
 
 /// The first minor version with [`Call::DescribeKernel`].
 pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
@@ -63,6 +63,9 @@ pub const MINOR_OUTPUT: u16 = 2;
 /// crane-proxy compiles no source with an include-like directive and no
 /// options that read files ([`source`]).
 pub const MINOR_CLIENT_INCLUDES: u16 = 3;
+
+/// The first minor version with [`Call::SetQueueProperty`].
+pub const MINOR_QUEUE_PROPERTY: u16 = 4;
 
 /// First four bytes of every frame: "CRNW".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRNW");
@@ -674,6 +677,15 @@ pub enum Call {
         program: Id,
         source: String,
     },
+    /// `clSetCommandQueueProperty` (deprecated since OpenCL 1.1; NVIDIA
+    /// carries it out, others answer `CL_INVALID_OPERATION`). Replies
+    /// [`Answer::Info`]: the queue's properties before the call, 8 bytes
+    /// little-endian. Since 1.4.
+    SetQueueProperty {
+        queue: Id,
+        properties: u64,
+        enable: bool,
+    },
 }
 
 /// The most devices one [`Call::DescribeKernel`] may name.
@@ -704,6 +716,7 @@ impl Call {
                 | WaitForEvents { .. }
                 | Sync
                 | DescribeKernel { .. }
+                | SetQueueProperty { .. }
         )
     }
 
@@ -765,6 +778,7 @@ impl Call {
             Sync => "Sync",
             DescribeKernel { .. } => "DescribeKernel",
             SetProgramSource { .. } => "clBuildProgram (source with its includes)",
+            SetQueueProperty { .. } => "clSetCommandQueueProperty",
         }
     }
 }

@@ -3,7 +3,7 @@
 use crane_wire::Id;
 use opencl_sys::*;
 
-use super::{made, or_null, terminated};
+use super::{check, made, or_null, terminated};
 use crate::session::objects::{Detail, Kind};
 use crate::session::{CallError, CallResult, Session};
 use crate::vendor::{VPtr, vfn};
@@ -142,6 +142,30 @@ impl Session {
             };
             Ok((made(h, err)?, Detail::Plain))
         })
+    }
+}
+
+impl Session {
+    /// `clSetCommandQueueProperty`: answers the properties the queue had.
+    pub(crate) fn set_queue_property(
+        &mut self,
+        seq: u64,
+        queue: Id,
+        properties: u64,
+        enable: bool,
+    ) -> CallResult {
+        let q = self.objects.handle(queue, Kind::Queue)?;
+        #[allow(deprecated)]
+        let f = vfn!(q.get(), clSetCommandQueueProperty)?;
+        let mut old: cl_command_queue_properties = 0;
+        // SAFETY: a live queue; `old` is one value.
+        check(unsafe { f(q.get().cast(), properties, cl_bool::from(enable), &mut old) })?;
+        self.reply(
+            seq,
+            &crane_wire::Answer::Info(CL_SUCCESS),
+            &old.to_le_bytes(),
+        );
+        Ok(())
     }
 }
 

@@ -316,7 +316,7 @@ impl ErrorShape {
             | GetDeviceIds { .. }
             | CreateSubDevices { .. }
             | CreateKernelsInProgram { .. } => ErrorShape::Count,
-            GetInfo { .. } => ErrorShape::Info,
+            GetInfo { .. } | SetQueueProperty { .. } => ErrorShape::Info,
             DescribeKernel { .. } => ErrorShape::Kernel,
             GetSupportedImageFormats { .. } => ErrorShape::Formats,
             GetProgramBinaries { .. } => ErrorShape::Binaries,
@@ -756,6 +756,11 @@ impl Session {
             }
             DescribeKernel { kernel, devices } => self.describe_kernel(seq, kernel, &devices),
             SetProgramSource { program, source } => self.set_program_source(program, &source),
+            SetQueueProperty {
+                queue,
+                properties,
+                enable,
+            } => self.set_queue_property(seq, queue, properties, enable),
         }
     }
 

@@ -478,6 +478,18 @@ pub unsafe extern "C" fn rGetDeviceIDs(
 ) -> cl_int {
     guard(|| {
         let all = root_devices(p.cast())?;
+        // The specification's errors, in its order, before any lookup.
+        let types = CL_DEVICE_TYPE_DEFAULT
+            | CL_DEVICE_TYPE_CPU
+            | CL_DEVICE_TYPE_GPU
+            | CL_DEVICE_TYPE_ACCELERATOR
+            | CL_DEVICE_TYPE_CUSTOM;
+        if ty != CL_DEVICE_TYPE_ALL && (ty == 0 || ty & !types != 0) {
+            return Err(CL_INVALID_DEVICE_TYPE);
+        }
+        if (n == 0 && !out.is_null()) || (out.is_null() && num.is_null()) {
+            return Err(CL_INVALID_VALUE);
+        }
         let pick: Vec<usize> = if ty == CL_DEVICE_TYPE_ALL {
             all.iter().map(|d| d.0).collect()
         } else if ty == CL_DEVICE_TYPE_DEFAULT {
@@ -741,6 +753,55 @@ pub unsafe extern "C" fn rCreateCommandQueueWithProperties(
     err: *mut cl_int,
 ) -> cl_command_queue {
     create_queue(c, d, props(p, &[]), raw_props(p), err)
+}
+
+/// `clSetCommandQueueProperty`, carried out by crane-proxy's vendor (wire
+/// 1.4; an older proxy: `CL_INVALID_OPERATION`, which the specification
+/// allows for the deprecated call).
+pub unsafe extern "C" fn rSetCommandQueueProperty(
+    q: cl_command_queue,
+    props: cl_command_queue_properties,
+    enable: cl_bool,
+    old_ret: *mut cl_command_queue_properties,
+) -> cl_int {
+    guard(|| {
+        let o = obj(q.cast())?;
+        if o.session.proxy_minor < crane_wire::MINOR_QUEUE_PROPERTY {
+            return Err(CL_INVALID_OPERATION);
+        }
+        let (a, data) = o.session.call(
+            &Call::SetQueueProperty {
+                queue: o.id,
+                properties: props,
+                enable: enable != CL_FALSE,
+            },
+            &[],
+            Dest::Keep,
+        )?;
+        let old = match a {
+            Answer::Info(CL_SUCCESS) => data
+                .as_slice()
+                .try_into()
+                .map(u64::from_le_bytes)
+                .map_err(|_| CL_INVALID_OPERATION)?,
+            Answer::Info(e) => return Err(e),
+            _ => return Err(CL_INVALID_OPERATION),
+        };
+        let now = if enable != CL_FALSE {
+            old | props
+        } else {
+            old & !props
+        };
+        o.out_of_order.store(
+            now & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE != 0,
+            Ordering::Relaxed,
+        );
+        if !old_ret.is_null() {
+            // SAFETY: the application's out-parameter, one value.
+            unsafe { *old_ret = old };
+        }
+        Ok(())
+    })
 }
 
 pub unsafe extern "C" fn rGetCommandQueueInfo(
@@ -1792,8 +1853,9 @@ pub unsafe extern "C" fn rSetKernelArg(
     guard(|| {
         let o = obj(k.cast())?;
         // The vendor's errors, found here rather than with the next clFinish.
-        if let Some(m) = super::check::kernel_meta(o, crate::gate::is_open()) {
-            super::check::set_arg(&m, index as usize, size, value.is_null())?;
+        let meta = super::check::kernel_meta(o, crate::gate::is_open());
+        if let Some(m) = &meta {
+            super::check::set_arg(m, index as usize, size, value.is_null())?;
         }
         let arg = if value.is_null() {
             KernelArg::Local(size as u64)
@@ -1812,6 +1874,17 @@ pub unsafe extern "C" fn rSetKernelArg(
                         .then_some(p)
                 })
                 .flatten();
+            // An image argument takes an image: not a buffer, nor anything
+            // that is not a memory object ("CL_INVALID_MEM_OBJECT for an
+            // argument declared to be a memory object when the specified
+            // arg_value is not a valid memory object"; only images have a
+            // pixel size here).
+            if meta.as_ref().is_some_and(|m| {
+                m.class.get(index as usize) == Some(&super::check::ArgClass::Image)
+            }) && !as_obj.is_some_and(|p| obj(p as *mut c_void).is_ok_and(|m| m.px != 0))
+            {
+                return Err(CL_INVALID_MEM_OBJECT);
+            }
             match as_obj {
                 Some(p) => KernelArg::Object(id_of(p as *mut c_void)),
                 None => KernelArg::Bytes(bytes.to_vec()),
@@ -2890,6 +2963,10 @@ pub static DISPATCH: _cl_icd_dispatch = {
     d.clCreateCommandQueue = Some(rCreateCommandQueue);
     d.clCreateCommandQueueWithProperties = Some(rCreateCommandQueueWithProperties);
     d.clGetCommandQueueInfo = Some(rGetCommandQueueInfo);
+    #[allow(deprecated)]
+    {
+        d.clSetCommandQueueProperty = Some(rSetCommandQueueProperty);
+    }
     d.clRetainCommandQueue = Some(rRetainCommandQueue);
     d.clReleaseCommandQueue = Some(rReleaseCommandQueue);
     d.clFlush = Some(rFlush);

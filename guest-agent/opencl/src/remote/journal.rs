@@ -408,11 +408,13 @@ fn changes_state(c: &Call) -> bool {
             | SetUserEventStatus { .. }
             | Release { .. }
             | SetProgramSource { .. }
+            | SetQueueProperty { .. }
     )
 }
 
-/// Whether a replayed call that the proxy answers makes objects (its answer
-/// is not waited for, but it must be sent), as opposed to a query.
+/// Whether a replayed call that the proxy answers makes or changes objects
+/// (its answer is not waited for, but it must be sent), as opposed to a
+/// query.
 pub fn makes_objects(c: &Call) -> bool {
     use Call::*;
     match c {
@@ -422,7 +424,8 @@ pub fn makes_objects(c: &Call) -> bool {
         | BuildProgram { .. }
         | CompileProgram { .. }
         | LinkProgram { .. }
-        | CreateKernelsInProgram { .. } => true,
+        | CreateKernelsInProgram { .. }
+        | SetQueueProperty { .. } => true,
         _ => false,
     }
 }
@@ -556,6 +559,7 @@ fn ids(c: &Call) -> Vec<Id> {
             _ => vec![*kernel],
         },
         SetUserEventStatus { event, .. } | SetEventCallback { event, .. } => vec![*event],
+        SetQueueProperty { queue, .. } => vec![*queue],
         Release { id } => vec![*id],
         c => match enqueue_sync(c) {
             Some((q, s)) => [vec![q, s.event], s.waits.clone()].concat(),
@@ -578,6 +582,7 @@ fn acts_on_first(c: &Call) -> bool {
             | CompileProgram { .. }
             | SetSpecializationConstant { .. }
             | SetProgramSource { .. }
+            | SetQueueProperty { .. }
             | Release { .. }
     )
 }
