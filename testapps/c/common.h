@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *g_prog = "?";
 static uint64_t g_hash = 0xcbf29ce484222325ULL;
@@ -124,6 +125,22 @@ static inline void sleep_us(long us)
 {
     struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
     nanosleep(&ts, NULL);
+}
+
+/* TESTAPP_HOLD=FILE: at iteration `it` == iters / 2, wait (sleeping, no
+ * OpenCL calls) until FILE exists, so that a test's requests find the
+ * program still running however fast the machine. The result is that of a
+ * run without the hold. (pingpong has its own hold, which keeps reading the
+ * device meanwhile.) */
+static inline void hold_if_asked(const char *prog, int it, int iters)
+{
+    const char *hold = getenv("TESTAPP_HOLD");
+    if (!hold || it != iters / 2)
+        return;
+    fprintf(stderr, "%s: holding at iteration %d until %s exists\n", prog, it, hold);
+    while (access(hold, F_OK) != 0)
+        sleep_us(20000);
+    fprintf(stderr, "%s: released\n", prog);
 }
 
 static inline int parse_iters(int argc, char **argv, int def)

@@ -119,6 +119,7 @@ int main(int argc, char **argv)
     uint32_t tw = TW, th = TH;
 
     for (int it = 0; it < iters; it++) {
+        hold_if_asked("localmem", it, iters);
         /* host update of a slice of the input */
         uint32_t chunk[256];
         for (int i = 0; i < 256; i++)

@@ -311,16 +311,25 @@ fn a_move_to_a_device_that_cannot_run_a_launch_is_refused() {
     );
     let want = native("localmem", "3000");
     let dir = scratch("devices-wg");
-    let child = start("localmem", "3000", dir.path());
+    // Held halfway (its kernels launched with their largest work-groups)
+    // until the refusal is in: a whole run takes about a second, and one CI
+    // run saw it end while the move was being refused (the control socket
+    // closed before the answer).
+    let release = dir.path().join("release");
+    let child = under_crane("localmem", "3000", dir.path())
+        .env(BOTH.0, BOTH.1)
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let sock = socket_path(dir.path(), child.id());
     wait_socket(&sock);
-    // Until it has launched its kernels with its largest work-groups.
     let started = Instant::now();
     while status(&sock).objects.kernels < 3 {
         assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(300));
     let r = call(
         &sock,
         &Request::Remote {
@@ -341,6 +350,7 @@ fn a_move_to_a_device_that_cannot_run_a_launch_is_refused() {
     assert!(err.contains("work-items per group"), "{err}");
     assert!(err.ends_with("it carries on locally"), "{err}");
     assert_eq!(status(&sock).mode, Mode::Passthrough);
+    std::fs::write(&release, b"").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
