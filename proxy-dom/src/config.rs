@@ -92,6 +92,11 @@ pub struct Config {
     /// kernels' printf output (`crane_proxy::output`); started by the
     /// binary after it printed its addresses.
     pub capture_stdout: bool,
+    /// Vendor libraries the embedding process has loaded already, with
+    /// their platforms (addresses): used instead of `vendors`, nothing is
+    /// opened. For a proxy inside an application's process, whose own
+    /// loader tracks the vendor so that it can unload it later.
+    pub preloaded: Vec<(PathBuf, Vec<usize>)>,
 }
 
 impl Config {
@@ -109,6 +114,7 @@ impl Config {
             teardown_timeout: Duration::from_secs(10),
             tokens_from_xenstore: false,
             capture_stdout: true,
+            preloaded: Vec::new(),
         }
     }
 }
@@ -196,6 +202,7 @@ impl Cli {
             teardown_timeout: self.teardown_timeout,
             tokens_from_xenstore: self.tokens_from_xenstore,
             capture_stdout: !self.no_capture_stdout,
+            preloaded: Vec::new(),
         }
     }
 }

@@ -23,7 +23,7 @@ mod ratelimit;
 mod session;
 mod trace;
 mod vendor;
-mod warm;
+pub mod warm;
 
 pub use config::{Config, ListenAddr};
 pub use server::{BoundAddr, Proxy, ServerError, SessionStats, Stats};

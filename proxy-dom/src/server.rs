@@ -159,7 +159,11 @@ impl Proxy {
     /// Loads the vendor libraries, binds every listen address and starts
     /// accepting.
     pub fn start(config: Config) -> Result<Proxy, ServerError> {
-        let vendor = Vendor::load(&config.vendors)?;
+        let vendor = if config.preloaded.is_empty() {
+            Vendor::load(&config.vendors)?
+        } else {
+            Vendor::preloaded(&config.preloaded)?
+        };
         vendor.warm_contexts();
         let max_mem = config.max_session_mem.unwrap_or_else(|| {
             vendor

@@ -238,6 +238,27 @@ impl Vendor {
             let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             return Err(VendorError::NoPlatforms(names.join(", ")));
         }
+        Ok(Vendor::with(libraries))
+    }
+
+    /// Libraries the embedding process has loaded (see
+    /// [`crate::Config::preloaded`]), with their platforms.
+    pub fn preloaded(list: &[(PathBuf, Vec<usize>)]) -> Result<Vendor, VendorError> {
+        if list.iter().all(|(_, p)| p.is_empty()) {
+            let names: Vec<String> = list.iter().map(|(p, _)| p.display().to_string()).collect();
+            return Err(VendorError::NoPlatforms(names.join(", ")));
+        }
+        let libraries = list
+            .iter()
+            .map(|(path, platforms)| Library {
+                path: path.clone(),
+                platforms: platforms.iter().map(|&p| VPtr(p as *mut c_void)).collect(),
+            })
+            .collect();
+        Ok(Vendor::with(libraries))
+    }
+
+    fn with(libraries: Vec<Library>) -> Vendor {
         let mut v = Vendor {
             libraries,
             smallest_global_mem: None,
@@ -245,7 +266,7 @@ impl Vendor {
         // Enumerating the devices here, under the lock, also completes the
         // vendor's initialisation before any session runs.
         v.smallest_global_mem = v.query_smallest_global_mem();
-        Ok(v)
+        v
     }
 
     /// All platforms of all libraries.

@@ -101,11 +101,23 @@ impl<T> Warm<T> {
 
 static CONTEXTS: LazyLock<Warm<VPtr>> = LazyLock::new(Warm::default);
 
+/// Set by [`disable`]: no warm contexts in this process, whatever the
+/// environment says.
+static OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn enabled() -> bool {
     static ON: LazyLock<bool> = LazyLock::new(|| {
         std::env::var("CRANE_PROXY_WARM_CONTEXTS").map_or(true, |v| v.trim() != "0")
     });
-    *ON
+    *ON && !OFF.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Turns warm contexts off for this process, before a proxy starts: a proxy
+/// inside an application's process (crane's fallback onto the local GPU)
+/// must leave nothing of the vendor's behind once its session is over, and
+/// has only one session to serve.
+pub fn disable() {
+    OFF.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The key of a context of `device` with `props` (terminated, or empty).

@@ -63,6 +63,11 @@ pub struct Config {
     /// `CRANE_REMOTE_RECOVER_S` (default 60): how long a process whose
     /// crane-proxy died waits for one to take its session back.
     pub remote_recover_s: u64,
+    /// `CRANE_REMOTE_LOCAL_AFTER_S` (default 10; 0: never): after this long
+    /// without a crane-proxy taking the session back, it is replayed onto
+    /// the local vendor, if one offers a platform (`remote::fallback`), and
+    /// the process goes local.
+    pub remote_local_after_s: u64,
 }
 
 pub fn get() -> &'static Config {
@@ -111,6 +116,10 @@ pub fn get() -> &'static Config {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(60),
+            remote_local_after_s: std::env::var("CRANE_REMOTE_LOCAL_AFTER_S")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(10),
         }
     })
 }

@@ -29,6 +29,33 @@ pub fn arg_info_build_fails() -> bool {
     }
 }
 
+/// `CRANE_FAULT_RELOADS_WITHOUT_DEVICE=N`: the first N reloads of the local
+/// vendor (after the first load) find it offering no device, as a driver
+/// that is not ready yet does.
+#[inline(always)]
+pub fn reload_without_device() -> bool {
+    #[cfg(feature = "fault-injection")]
+    {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        static LEFT: AtomicI64 = AtomicI64::new(-1);
+        if LEFT.load(Ordering::Relaxed) < 0 {
+            let n = std::env::var("CRANE_FAULT_RELOADS_WITHOUT_DEVICE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0i64);
+            let _ = LEFT.compare_exchange(-1, n, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        LEFT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            (n > 0).then(|| n - 1)
+        })
+        .is_ok()
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        false
+    }
+}
+
 /// The fault point of the entry point whose body is the closure type `F`.
 #[inline(always)]
 pub fn entry<F>() {

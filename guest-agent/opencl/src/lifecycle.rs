@@ -1795,6 +1795,16 @@ impl Releaser {
 /// suspend and a resume there); if they cannot take the process, it resumes
 /// where it was.
 pub fn go_local(deadline: Duration, spec: Option<DeviceSpec>) -> Result<Vec<Phase>, String> {
+    go_local_then(deadline, spec, || {})
+}
+
+/// [`go_local`], running `between` after the suspend from crane-proxy (its
+/// session closed) and before the resume onto the local vendor.
+pub fn go_local_then(
+    deadline: Duration,
+    spec: Option<DeviceSpec>,
+    between: impl FnOnce(),
+) -> Result<Vec<Phase>, String> {
     let was = mode();
     if was == Mode::Passthrough {
         let Some(spec) = spec else {
@@ -1826,6 +1836,7 @@ pub fn go_local(deadline: Duration, spec: Option<DeviceSpec>) -> Result<Vec<Phas
     } else {
         Vec::new()
     };
+    between();
     let before = vendor::target();
     vendor::set_target(Target::Local);
     vendor::set_device(spec);

@@ -5,6 +5,7 @@
 use std::ffi::{CStr, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crane_vendor_loader::{DevicePolicy, UnloadReport, VendorLibrary};
 use opencl_sys::cl_icd::_cl_icd_dispatch;
@@ -324,7 +325,72 @@ pub fn discover() -> Vec<PathBuf> {
 type GetPlatformIds = unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int;
 type GetExtAddr = unsafe extern "C" fn(*const std::ffi::c_char) -> *mut c_void;
 
+/// Vendor libraries opened ahead of a load, with crane's tracking loader, for
+/// the in-process crane-proxy of the local fallback (`remote::fallback`): the
+/// next load takes them instead of opening them again (they are open), so that
+/// there is one tracked copy, unloaded as usual at the next suspend.
+static PRELOADED: Mutex<Vec<(PathBuf, Loaded)>> = Mutex::new(Vec::new());
+
+fn preloaded() -> std::sync::MutexGuard<'static, Vec<(PathBuf, Loaded)>> {
+    PRELOADED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Opens the local vendor libraries ahead of a load (see [`PRELOADED`]);
+/// returns each library's path and platforms (addresses). Fails when none
+/// offers a platform, or while the process is on them already.
+pub fn preload() -> Result<Vec<(PathBuf, Vec<usize>)>, String> {
+    let paths = {
+        let mut st = state();
+        if st
+            .loaded
+            .iter()
+            .flatten()
+            .any(|l| matches!(l.backend, Backend::Native(_)))
+        {
+            return Err("the local vendor libraries are loaded already".into());
+        }
+        st.paths.get_or_insert_with(discover).clone()
+    };
+    let mut pre = preloaded();
+    if pre.is_empty() {
+        for p in &paths {
+            match open_native(p) {
+                Ok(l) => pre.push((p.clone(), l)),
+                Err(e) => debug!("vendor {}: {e}", p.display()),
+            }
+        }
+    }
+    if pre.iter().all(|(_, l)| l.platforms.is_empty()) {
+        let none: Vec<Option<Loaded>> = pre.drain(..).map(|(_, l)| Some(l)).collect();
+        close_all(none);
+        return Err(format!(
+            "no local vendor library offers a platform ({paths:?})"
+        ));
+    }
+    Ok(pre
+        .iter()
+        .map(|(p, l)| (p.clone(), l.platforms.iter().map(|&x| x as usize).collect()))
+        .collect())
+}
+
+/// Unloads what [`preload`] opened and no load took.
+pub fn drop_preloaded() {
+    let left: Vec<Option<Loaded>> = preloaded().drain(..).map(|(_, l)| Some(l)).collect();
+    if !left.is_empty() {
+        close_all(left);
+    }
+}
+
 fn open_vendor(path: &Path) -> Result<Loaded, String> {
+    let mut pre = preloaded();
+    if let Some(i) = pre.iter().position(|(p, _)| p == path) {
+        return Ok(pre.remove(i).1);
+    }
+    drop(pre);
+    open_native(path)
+}
+
+fn open_native(path: &Path) -> Result<Loaded, String> {
     let lib = VendorLibrary::open(path).map_err(|e| e.to_string())?;
     let name = c"clIcdGetPlatformIDsKHR";
     let entry = match lib.symbol(name) {
@@ -530,7 +596,7 @@ fn plan_devices(
     spec: Option<&DeviceSpec>,
 ) -> Result<Vec<(Arc<Device>, usize)>, String> {
     if offered.is_empty() {
-        return Err("it offers no device".into());
+        return Err(NO_DEVICE.into());
     }
     let mut taken = vec![false; offered.len()];
     let mut plan = Vec::new();
@@ -637,6 +703,49 @@ where
 /// platform objects; later: reloads them and re-points every platform and root
 /// device at the new vendor objects).
 pub fn load() -> ClResult<()> {
+    // A driver reloaded a moment ago, or busy with other processes starting
+    // up, can answer with no device once (NVIDIA did, once in 148
+    // suspend/resume cycles of the CTS with three other CUDA processes
+    // starting and stopping beside it): a reload that finds the local vendor
+    // without a device is tried again a few times before the process is told
+    // it cannot resume.
+    let mut wait = Duration::from_millis(100);
+    for attempt in 1.. {
+        let spec = state().spec.clone();
+        match load_once() {
+            Err(_) if attempt < LOAD_ATTEMPTS && no_device_yet() => {
+                warn!(
+                    "the local vendor offers no device yet (attempt {attempt} of {LOAD_ATTEMPTS}); trying again in {} ms",
+                    wait.as_millis()
+                );
+                std::thread::sleep(wait);
+                wait *= 2;
+                let mut st = state();
+                st.load_error = None;
+                st.spec = spec;
+            }
+            r => return r,
+        }
+    }
+    unreachable!()
+}
+
+/// How many times [`load`] tries a local vendor that offers no device.
+const LOAD_ATTEMPTS: u32 = 4;
+
+/// Whether the last load failed because the local vendor offered no device.
+fn no_device_yet() -> bool {
+    let st = state();
+    st.target == Some(Target::Local)
+        && st
+            .load_error
+            .as_deref()
+            .is_some_and(|e| e.ends_with(NO_DEVICE))
+}
+
+const NO_DEVICE: &str = "it offers no device";
+
+fn load_once() -> ClResult<()> {
     let mut st = state();
     if !st.loaded.is_empty() {
         return Ok(());
@@ -706,7 +815,11 @@ fn retarget(
     loaded: &[Option<Loaded>],
     spec: Option<&DeviceSpec>,
 ) -> Result<(), String> {
-    let offered = offered(loaded);
+    let offered = if crate::fault::reload_without_device() {
+        Vec::new()
+    } else {
+        offered(loaded)
+    };
     let used = used_of(&st.devices);
     let plan = plan_devices(&st.devices, &used, &offered, spec)?;
     // Platforms: that of their first device in use, else the platform of the

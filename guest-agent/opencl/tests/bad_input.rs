@@ -801,3 +801,67 @@ fn use_host_ptr_contents_survive_a_suspend() {
         assert!(out.status.success(), "{}", out.status);
     }
 }
+
+/// A resume whose local vendor offers no device (NVIDIA once answered with
+/// none in 148 CTS cycles, with other CUDA processes starting beside it;
+/// here the fault-injection build makes the first two reloads see none)
+/// tries the reload again a few times before it gives up: the resume
+/// succeeds on the third try and the program ends with the native result;
+/// with more reloads failing than it tries, the resume fails with the reason
+/// and a later one succeeds.
+#[test]
+fn a_vendor_without_a_device_for_a_moment_is_tried_again() {
+    for (failing, resumes) in [("2", 1), ("4", 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let release = dir.path().join("release");
+        let child = Command::new(apps().join("pingpong"))
+            .args(["--iters", "2000"])
+            .env("LD_PRELOAD", fault_library())
+            .env("CRANE_RUN_DIR", dir.path())
+            .env("CRANE_FAULT_RELOADS_WITHOUT_DEVICE", failing)
+            .env("TESTAPP_HOLD", &release)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sock = socket_path(dir.path(), child.id());
+        let started = Instant::now();
+        while call(&sock, &Request::Status, Duration::from_secs(30)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "no control socket"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let r = call(
+            &sock,
+            &Request::Suspend {
+                deadline_ms: 20_000,
+            },
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert!(r.ok, "suspend failed: {:?}", r.error);
+        for i in 1..=resumes {
+            let r = call(&sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
+            if i < resumes {
+                let e = r.error.unwrap_or_default();
+                assert!(!r.ok && e.contains("offers no device"), "{e}");
+            } else {
+                assert!(r.ok, "resume failed: {:?}", r.error);
+            }
+        }
+        std::fs::write(&release, b"").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert!(
+            err.contains("offers no device yet (attempt 2 of 4)"),
+            "{err}"
+        );
+        assert_eq!(
+            common::result_line(&out.stdout),
+            common::native("pingpong", "2000")
+        );
+    }
+}

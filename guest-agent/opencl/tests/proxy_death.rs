@@ -225,7 +225,10 @@ fn no_proxy_to_go_to_fails_clearly() {
         "100000000",
         scratch.path(),
         &proxy,
-        &[("CRANE_REMOTE_RECOVER_S", "2")],
+        &[
+            ("CRANE_REMOTE_RECOVER_S", "2"),
+            ("CRANE_REMOTE_LOCAL_AFTER_S", "0"),
+        ],
     );
     wait_socket(&socket_path(scratch.path(), child.id()));
     std::thread::sleep(Duration::from_millis(300));
@@ -246,4 +249,59 @@ fn no_proxy_to_go_to_fails_clearly() {
         err.contains("no crane-proxy took the session back within 2s"),
         "no clear message: {err}"
     );
+}
+
+/// With no crane-proxy back within `CRANE_REMOTE_LOCAL_AFTER_S`, a process
+/// whose proxy died for good replays its session onto a crane-proxy inside
+/// itself, on the local vendor (PoCL here), and then goes local: it ends in
+/// passthrough with the native result.
+#[test]
+fn a_proxy_dead_for_good_falls_back_to_the_local_vendor() {
+    let mut proxy = Proxy::start("death-local", true, &[("k", "t")]);
+    let want = native("pingpong", "4000");
+    let scratch = scratch("death-local");
+    let release = scratch.path().join("release");
+    let child = start_remote(
+        "pingpong",
+        "4000",
+        scratch.path(),
+        &proxy,
+        &[
+            ("CRANE_REMOTE_LOCAL_AFTER_S", "1"),
+            ("TESTAPP_HOLD", release.to_str().unwrap()),
+        ],
+    );
+    let sock = socket_path(scratch.path(), child.id());
+    wait_socket(&sock);
+    let status = || {
+        call(&sock, &Request::Status, Duration::from_secs(30))
+            .ok()
+            .and_then(|r| r.status)
+    };
+    // Holding halfway on the proxy, its kernels made there.
+    let started = Instant::now();
+    while !status().is_some_and(|s| s.mode == Mode::Remote && s.objects.kernels >= 2) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not on the proxy"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.kill();
+    let killed = Instant::now();
+    while !status().is_some_and(|s| s.mode == Mode::Passthrough) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(60),
+            "not local 60 s after its proxy died"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(result_line(&out.stdout), want, "{err}");
+    assert!(err.contains("replaying onto the local vendor"), "{err}");
+    assert!(err.contains("runs on the local vendor again"), "{err}");
 }

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod check;
+pub mod fallback;
 pub mod includes;
 pub mod journal;
 pub mod session;

@@ -249,6 +249,8 @@ pub struct Session {
     /// Where to reconnect after the proxy died, if not where it was
     /// (`cranectl remote PID --proxy ADDR` during a recovery).
     redirect: Mutex<Option<(String, Option<String>)>>,
+    /// When the local fallback was last tried (`local_fallback`).
+    local_tried: Mutex<Option<Instant>>,
     /// Recoveries since the last checkpoint (a replay that kills its proxy
     /// again is not tried for ever).
     recoveries: AtomicU32,
@@ -355,6 +357,7 @@ impl Session {
             addr: Mutex::new(addr.to_string()),
             token: Mutex::new(token.to_string()),
             redirect: Mutex::new(None),
+            local_tried: Mutex::new(None),
             recoveries: AtomicU32::new(0),
             limits,
             proxy_minor,
@@ -1359,8 +1362,14 @@ fn recover(s: &Arc<Session>, why: String) -> Result<(), String> {
         let broke = std::mem::take(&mut r.broke);
         match result {
             // Done, unless the new connection broke meanwhile (its reader
-            // left the recovery to us).
-            Ok(()) if !broke => return Ok(()),
+            // left the recovery to us). On the local fallback's proxy, the
+            // process then goes home to the local vendor.
+            Ok(()) if !broke => {
+                if super::fallback::is_local(&s.addr()) {
+                    super::fallback::go_home();
+                }
+                return Ok(());
+            }
             Ok(()) => warn!("the new connection to crane-proxy broke too; trying again"),
             Err(Replay::Broken(e)) if start.elapsed() < wait => {
                 warn!(
@@ -1391,11 +1400,35 @@ impl From<std::io::Error> for Replay {
     }
 }
 
+/// Once no proxy has taken the session back for `CRANE_REMOTE_LOCAL_AFTER_S`
+/// (and nobody named another one): points the recovery at a crane-proxy
+/// inside this process on the local vendor, if one offers a platform
+/// (`fallback`); tried again every as many seconds while it does not.
+fn local_fallback(s: &Session, start: Instant) {
+    let after = crate::config::get().remote_local_after_s;
+    if after == 0 || start.elapsed() < Duration::from_secs(after) || lock(&s.redirect).is_some() {
+        return;
+    }
+    let mut last = lock(&s.local_tried);
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(after)) {
+        return;
+    }
+    *last = Some(Instant::now());
+    match super::fallback::start() {
+        Ok((addr, token)) => {
+            warn!("no crane-proxy came back within {after}s: replaying onto the local vendor");
+            *lock(&s.redirect) = Some((addr, Some(token)));
+        }
+        Err(e) => debug!("no local fallback: {e}"),
+    }
+}
+
 fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Result<(), Replay> {
     let (w, limits, addr, token) = loop {
         if s.closed.load(Ordering::Acquire) {
             return Err(Replay::Failed("the session was closed".into()));
         }
+        local_fallback(s, start);
         let (addr, token) = lock(&s.redirect)
             .clone()
             .map(|(a, t)| (a, t.unwrap_or_else(|| lock(&s.token).clone())))
