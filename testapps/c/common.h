@@ -127,16 +127,21 @@ static inline void sleep_us(long us)
     nanosleep(&ts, NULL);
 }
 
-/* TESTAPP_HOLD=FILE: at iteration `it` == iters / 2, wait (sleeping, no
- * OpenCL calls) until FILE exists, so that a test's requests find the
- * program still running however fast the machine. The result is that of a
- * run without the hold. (pingpong has its own hold, which keeps reading the
- * device meanwhile.) */
+/* TESTAPP_HOLD=FILE: at iteration `it` == iters / 2, create FILE.held and
+ * wait (sleeping, no OpenCL calls) until FILE exists, so that a test's
+ * requests find the program still running, halfway, however fast the
+ * machine. The result is that of a run without the hold. (pingpong has its
+ * own hold, which keeps reading the device meanwhile.) */
 static inline void hold_if_asked(const char *prog, int it, int iters)
 {
     const char *hold = getenv("TESTAPP_HOLD");
     if (!hold || it != iters / 2)
         return;
+    char held[4096];
+    snprintf(held, sizeof held, "%s.held", hold);
+    FILE *f = fopen(held, "w");
+    if (f)
+        fclose(f);
     fprintf(stderr, "%s: holding at iteration %d until %s exists\n", prog, it, hold);
     while (access(hold, F_OK) != 0)
         sleep_us(20000);
