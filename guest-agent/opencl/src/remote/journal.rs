@@ -742,6 +742,40 @@ mod tests {
         assert!(FROZEN.load(Ordering::Relaxed));
     }
 
+    /// clSetCommandQueueProperty changes the queue: a checkpoint keeps it
+    /// with the queue (a replay makes the queue as the application left it),
+    /// a replay sends it although the proxy answers it, and it goes with the
+    /// queue once that is released.
+    #[test]
+    fn a_queue_property_set_stays_with_its_queue() {
+        let mut j = journal();
+        let script = [
+            Call::CreateQueue {
+                id: 2,
+                context: 1,
+                device: 9,
+                props: vec![],
+            },
+            Call::SetQueueProperty {
+                queue: 2,
+                properties: 2,
+                enable: false,
+            },
+            Call::Finish { queue: 2 },
+        ];
+        for (i, c) in script.iter().enumerate() {
+            j.record(i as u64 + 2, c, &[], true);
+        }
+        assert!(makes_objects(&script[1]));
+        j.compact(&HashMap::new(), &HashSet::new(), &HashSet::new());
+        let got = calls(&j);
+        assert_eq!(got.len(), 2, "{got:#?}");
+        assert!(got[1].starts_with("SetQueueProperty"), "{got:#?}");
+        j.record(10, &Call::Release { id: 2 }, &[], true);
+        j.compact(&HashMap::new(), &HashSet::new(), &HashSet::new());
+        assert!(calls(&j).is_empty(), "{:#?}", calls(&j));
+    }
+
     #[test]
     fn released_objects_nothing_names_go() {
         let mut j = journal();
