@@ -121,6 +121,7 @@ pub fn stop() {
     local.proxy.shutdown(Duration::from_secs(10));
     drop(local.proxy);
     let _ = std::fs::remove_dir_all(&local.dir);
+    warn!("stopped the crane-proxy inside this process");
 }
 
 /// After a recovery onto the in-process proxy: moves the application back
@@ -134,6 +135,14 @@ pub fn go_home() {
             let _one_at_a_time = crate::control::exclusive();
             match crate::lifecycle::go_local_then(Duration::from_secs(60), None, stop) {
                 Ok(_) => warn!("the process runs on the local vendor again (its crane-proxy died)"),
+                // Someone brought it home first (`cranectl local`, or a move
+                // back the proxy's death interrupted and the replay let
+                // finish): only the proxy is left to stop. Its libraries are
+                // the process's own now (the resume took them).
+                Err(_) if crate::lifecycle::mode() == crane_control::Mode::Passthrough => {
+                    warn!("the process runs on the local vendor again (its crane-proxy died)");
+                    stop();
+                }
                 Err(e) => warn!(
                     "the move from the in-process crane-proxy to the local vendor failed: {e}"
                 ),
