@@ -1430,7 +1430,19 @@ fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
     }
     // Programs: plain ones, then linked ones (their inputs exist by then).
     let started = Instant::now();
-    let progs = handle::live::<Program>();
+    // Programs that a compile names as embedded headers are made before the
+    // programs compiled with them (an application may make the header after
+    // the program, as the CTS's test_compiler does; PoCL crashed on the
+    // header's stale vendor object).
+    let mut progs = handle::live::<Program>();
+    let compiled_with_headers = |p: &Arc<Program>| {
+        p.steps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|s| matches!(s, BuildStep::Compile { headers, .. } if !headers.is_empty()))
+    };
+    progs.sort_by_key(|p| compiled_with_headers(p));
     for linked in [false, true] {
         for p in &progs {
             if matches!(p.source, ProgramSource::Linked { .. }) != linked {
