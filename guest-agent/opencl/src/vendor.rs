@@ -361,8 +361,8 @@ pub fn preload() -> Result<Vec<(PathBuf, Vec<usize>)>, String> {
         }
     }
     if pre.iter().all(|(_, l)| l.platforms.is_empty()) {
-        let none: Vec<Option<Loaded>> = pre.drain(..).map(|(_, l)| Some(l)).collect();
-        close_all(none);
+        drop(pre);
+        drop_preloaded();
         return Err(format!(
             "no local vendor library offers a platform ({paths:?})"
         ));

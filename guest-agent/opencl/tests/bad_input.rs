@@ -314,9 +314,8 @@ fn a_build_failing_only_with_crane_s_arg_info_is_built_without_it() {
     eprintln!("pingpong without argument information: {n} cycles at --iters {iters}, as native");
 }
 
-/// One whole suspend/resume cycle through the control socket; both must
-/// succeed.
-fn suspend_resume(sock: &Path) {
+/// A suspend through the control socket; it must succeed.
+fn suspend(sock: &Path) {
     let r = call(
         sock,
         &Request::Suspend {
@@ -326,6 +325,12 @@ fn suspend_resume(sock: &Path) {
     )
     .unwrap();
     assert!(r.ok, "suspend failed: {:?}", r.error);
+}
+
+/// One whole suspend/resume cycle through the control socket; both must
+/// succeed.
+fn suspend_resume(sock: &Path) {
+    suspend(sock);
     let r = call(sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
     assert!(r.ok, "resume failed: {:?}", r.error);
 }
@@ -825,23 +830,8 @@ fn a_vendor_without_a_device_for_a_moment_is_tried_again() {
             .spawn()
             .unwrap();
         let sock = socket_path(dir.path(), child.id());
-        let started = Instant::now();
-        while call(&sock, &Request::Status, Duration::from_secs(30)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "no control socket"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let r = call(
-            &sock,
-            &Request::Suspend {
-                deadline_ms: 20_000,
-            },
-            Duration::from_secs(60),
-        )
-        .unwrap();
-        assert!(r.ok, "suspend failed: {:?}", r.error);
+        common::proxy::wait_socket(&sock);
+        suspend(&sock);
         for i in 1..=resumes {
             let r = call(&sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
             if i < resumes {

@@ -251,15 +251,14 @@ fn no_proxy_to_go_to_fails_clearly() {
     );
 }
 
-/// With no crane-proxy back within `CRANE_REMOTE_LOCAL_AFTER_S`, a process
-/// whose proxy died for good replays its session onto a crane-proxy inside
-/// itself, on the local vendor (PoCL here), and then goes local: it ends in
-/// passthrough with the native result.
-#[test]
-fn a_proxy_dead_for_good_falls_back_to_the_local_vendor() {
-    let mut proxy = Proxy::start("death-local", true, &[("k", "t")]);
+/// pingpong started on a proxy with `CRANE_REMOTE_LOCAL_AFTER_S=1`, held
+/// halfway there; the proxy killed for good (and, with `operator_home`, a
+/// `local` sent at once, as an operator would); once the process is in
+/// passthrough it is released. Its output, and the native run's result.
+fn dead_for_good(name: &str, operator_home: bool) -> (std::process::Output, String) {
+    let mut proxy = Proxy::start(name, true, &[("k", "t")]);
     let want = native("pingpong", "4000");
-    let scratch = scratch("death-local");
+    let scratch = scratch(name);
     let release = scratch.path().join("release");
     let child = start_remote(
         "pingpong",
@@ -289,6 +288,18 @@ fn a_proxy_dead_for_good_falls_back_to_the_local_vendor() {
     }
     std::thread::sleep(Duration::from_millis(300));
     proxy.kill();
+    if operator_home {
+        // Either answer is right: done, or "already local" if the fallback
+        // brought it home first.
+        let _ = call(
+            &sock,
+            &Request::Local {
+                deadline_ms: 60_000,
+                device: None,
+            },
+            Duration::from_secs(120),
+        );
+    }
     let killed = Instant::now();
     while !status().is_some_and(|s| s.mode == Mode::Passthrough) {
         assert!(
@@ -297,8 +308,22 @@ fn a_proxy_dead_for_good_falls_back_to_the_local_vendor() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    if operator_home {
+        // The fallback's own move home runs after the replay; give it the
+        // time to find the process home and stop its proxy.
+        std::thread::sleep(Duration::from_secs(2));
+    }
     std::fs::write(&release, b"").unwrap();
-    let out = child.wait_with_output().unwrap();
+    (child.wait_with_output().unwrap(), want)
+}
+
+/// With no crane-proxy back within `CRANE_REMOTE_LOCAL_AFTER_S`, a process
+/// whose proxy died for good replays its session onto a crane-proxy inside
+/// itself, on the local vendor (PoCL here), and then goes local: it ends in
+/// passthrough with the native result.
+#[test]
+fn a_proxy_dead_for_good_falls_back_to_the_local_vendor() {
+    let (out, want) = dead_for_good("death-local", false);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     assert_eq!(result_line(&out.stdout), want, "{err}");
@@ -311,57 +336,7 @@ fn a_proxy_dead_for_good_falls_back_to_the_local_vendor() {
 /// passthrough with the native result and the in-process proxy stopped.
 #[test]
 fn a_move_home_during_the_fallback_stops_the_in_process_proxy() {
-    let mut proxy = Proxy::start("death-home", true, &[("k", "t")]);
-    let want = native("pingpong", "4000");
-    let scratch = scratch("death-home");
-    let release = scratch.path().join("release");
-    let child = start_remote(
-        "pingpong",
-        "4000",
-        scratch.path(),
-        &proxy,
-        &[
-            ("CRANE_REMOTE_LOCAL_AFTER_S", "1"),
-            ("TESTAPP_HOLD", release.to_str().unwrap()),
-        ],
-    );
-    let sock = socket_path(scratch.path(), child.id());
-    wait_socket(&sock);
-    let status = || {
-        call(&sock, &Request::Status, Duration::from_secs(30))
-            .ok()
-            .and_then(|r| r.status)
-    };
-    let started = Instant::now();
-    while !status().is_some_and(|s| s.mode == Mode::Remote && s.objects.kernels >= 2) {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "not on the proxy"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    proxy.kill();
-    // Either answer is right: done, or "already local" if the fallback
-    // brought it home first.
-    let _ = call(
-        &sock,
-        &Request::Local {
-            deadline_ms: 60_000,
-            device: None,
-        },
-        Duration::from_secs(120),
-    );
-    let killed = Instant::now();
-    while !status().is_some_and(|s| s.mode == Mode::Passthrough) {
-        assert!(killed.elapsed() < Duration::from_secs(60), "not local");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // The fallback's own move home runs after the replay; give it the time
-    // to find the process home and stop its proxy.
-    std::thread::sleep(Duration::from_secs(2));
-    std::fs::write(&release, b"").unwrap();
-    let out = child.wait_with_output().unwrap();
+    let (out, want) = dead_for_good("death-home", true);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     assert_eq!(result_line(&out.stdout), want, "{err}");

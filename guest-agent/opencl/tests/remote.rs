@@ -492,31 +492,36 @@ fn api_checks_and_transfers_larger_than_a_frame() {
     assert!(!proxy.log().contains("exceeds"), "{}", proxy.log());
 }
 
+/// `apicheck ARG` under crane, in passthrough or (with a proxy) started on
+/// it with the token "abc"; it must succeed. Its stdout.
+fn apicheck(arg: &str, proxy: Option<&Proxy>) -> String {
+    let mut c = Command::new(apps().join("apicheck"));
+    c.arg(arg)
+        .env("LD_PRELOAD", library())
+        .env("CRANE_CONTROL", "0");
+    if let Some(proxy) = proxy {
+        c.env("CRANE_MODE", "remote")
+            .env("CRANE_PROXY", &proxy.addr)
+            .env("CRANE_PROXY_TOKEN", "abc");
+    }
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// PoCL aborts the process asked for a device-side queue; the proxy refuses
 /// one the device cannot have with the specification's codes, returned by
 /// the creating call, and serves the next session.
 #[test]
 fn a_device_side_queue_is_refused_and_the_proxy_lives_on() {
     let proxy = Proxy::start("devqueue", false, &[("abc", "t")]);
-    let run = || {
-        Command::new(apps().join("apicheck"))
-            .arg("--device-queue")
-            .env("LD_PRELOAD", library())
-            .env("CRANE_CONTROL", "0")
-            .env("CRANE_MODE", "remote")
-            .env("CRANE_PROXY", &proxy.addr)
-            .env("CRANE_PROXY_TOKEN", "abc")
-            .output()
-            .unwrap()
-    };
     for _ in 0..2 {
-        let out = run();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = apicheck("--device-queue", Some(&proxy));
         assert!(stdout.contains("device-side queue -35 NULL"), "{stdout}");
         assert!(
             stdout.contains("device-side in-order queue -30 NULL"),
@@ -543,21 +548,7 @@ fn kernel_printf_output_reaches_the_application() {
 #[test]
 fn a_remote_device_has_no_svm() {
     let proxy = Proxy::start("svm", false, &[("abc", "t")]);
-    let out = Command::new(apps().join("apicheck"))
-        .arg("--svm")
-        .env("LD_PRELOAD", library())
-        .env("CRANE_CONTROL", "0")
-        .env("CRANE_MODE", "remote")
-        .env("CRANE_PROXY", &proxy.addr)
-        .env("CRANE_PROXY_TOKEN", "abc")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = apicheck("--svm", Some(&proxy));
     assert!(
         stdout.contains("svm capabilities 0 none, clSVMAlloc NULL"),
         "{stdout}"
@@ -574,30 +565,11 @@ fn a_remote_device_has_no_svm() {
 #[test]
 fn set_command_queue_property_goes_to_the_proxy() {
     let proxy = Proxy::start("queueprop", false, &[("abc", "t")]);
-    let run = |remote: bool| {
-        let mut c = Command::new(apps().join("apicheck"));
-        c.arg("--queue-property")
-            .env("LD_PRELOAD", library())
-            .env("CRANE_CONTROL", "0");
-        if remote {
-            c.env("CRANE_MODE", "remote")
-                .env("CRANE_PROXY", &proxy.addr)
-                .env("CRANE_PROXY_TOKEN", "abc");
-        }
-        let out = c.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
-    };
-    let local = run(false);
+    let local = apicheck("--queue-property", None);
     assert!(local.contains("apicheck: set profiling 0: "), "{local}");
     assert!(local.contains("queue after: data same"), "{local}");
     for _ in 0..2 {
-        assert_eq!(run(true), local);
+        assert_eq!(apicheck("--queue-property", Some(&proxy)), local);
     }
 }
 
@@ -610,21 +582,7 @@ fn set_command_queue_property_goes_to_the_proxy() {
 #[test]
 fn remote_errors_are_the_specifications() {
     let proxy = Proxy::start("specerrors", false, &[("abc", "t")]);
-    let out = Command::new(apps().join("apicheck"))
-        .arg("--spec-errors")
-        .env("LD_PRELOAD", library())
-        .env("CRANE_CONTROL", "0")
-        .env("CRANE_MODE", "remote")
-        .env("CRANE_PROXY", &proxy.addr)
-        .env("CRANE_PROXY_TOKEN", "abc")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = apicheck("--spec-errors", Some(&proxy));
     for line in [
         "clGetDeviceIDs type 0: -31",
         "clGetDeviceIDs type 1<<20: -31",

@@ -24,11 +24,13 @@ use std::time::Duration;
 
 use crate::config::warn;
 
-/// The running in-process proxy and the folder of its socket and token.
+/// The running in-process proxy, its address and token, and the folder of
+/// its socket and token file (removed when dropped).
 struct Local {
     proxy: crane_proxy::Proxy,
-    dir: PathBuf,
     addr: String,
+    token: String,
+    _dir: tempfile::TempDir,
 }
 
 static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
@@ -57,55 +59,51 @@ fn token() -> Result<String, String> {
 pub fn start() -> Result<(String, String), String> {
     let mut l = lock();
     if let Some(local) = l.as_ref() {
-        let t = std::fs::read_to_string(local.dir.join("tokens")).map_err(|e| e.to_string())?;
-        let t = t.split_whitespace().next().unwrap_or_default().to_string();
-        return Ok((local.addr.clone(), t));
+        return Ok((local.addr.clone(), local.token.clone()));
     }
     let preloaded = crate::vendor::preload()?;
-    let dir = tempfile_dir().inspect_err(|_| crate::vendor::drop_preloaded())?;
-    let cleanup = |e: String| {
-        let _ = std::fs::remove_dir_all(&dir);
+    let started = serve(preloaded);
+    if started.is_err() {
         crate::vendor::drop_preloaded();
-        e
-    };
-    let token = token().map_err(cleanup)?;
-    std::fs::write(dir.join("tokens"), format!("{token} local\n"))
-        .map_err(|e| cleanup(format!("cannot write the token: {e}")))?;
-    let sock = dir.join("proxy.sock");
-    let mut config = crane_proxy::Config::new(
-        vec![crane_proxy::ListenAddr::Unix(sock.clone())],
-        dir.join("tokens"),
+    }
+    let local = started?;
+    let found = (local.addr.clone(), local.token.clone());
+    warn!(
+        "started a crane-proxy inside this process on the local vendor ({})",
+        local.addr
     );
+    *l = Some(local);
+    Ok(found)
+}
+
+/// A crane-proxy on the preloaded libraries, listening on a unix socket in a
+/// fresh folder only this user can enter (0700), with a token of its own.
+fn serve(preloaded: Vec<(PathBuf, Vec<usize>)>) -> Result<Local, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("crane-local-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .map_err(|e| format!("cannot make a folder for the local proxy: {e}"))?;
+    let token = token()?;
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{token} local\n"))
+        .map_err(|e| format!("cannot write the token: {e}"))?;
+    let sock = dir.path().join("proxy.sock");
+    let mut config =
+        crane_proxy::Config::new(vec![crane_proxy::ListenAddr::Unix(sock.clone())], tokens);
     config.preloaded = preloaded;
     config.capture_stdout = false;
     config.max_sessions = 1;
     crane_proxy::warm::disable();
     let proxy = crane_proxy::Proxy::start(config)
-        .map_err(|e| cleanup(format!("no crane-proxy on the local vendor: {e}")))?;
-    let addr = format!("unix:{}", sock.display());
-    warn!("started a crane-proxy inside this process on the local vendor ({addr})");
-    *l = Some(Local {
+        .map_err(|e| format!("no crane-proxy on the local vendor: {e}"))?;
+    Ok(Local {
         proxy,
-        dir: dir.clone(),
-        addr: addr.clone(),
-    });
-    Ok((addr, token))
-}
-
-/// A fresh folder only this user can enter, for the socket and the token.
-fn tempfile_dir() -> Result<PathBuf, String> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = std::env::temp_dir();
-    for _ in 0..8 {
-        let name = format!("crane-local-{}-{}", std::process::id(), &token()?[..8]);
-        let dir = base.join(name);
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(format!("cannot make {}: {e}", dir.display())),
-        }
-    }
-    Err("cannot make a folder for the local proxy".into())
+        addr: format!("unix:{}", sock.display()),
+        token,
+        _dir: dir,
+    })
 }
 
 /// Whether `addr` is the in-process proxy's.
@@ -119,8 +117,7 @@ pub fn stop() {
         return;
     };
     local.proxy.shutdown(Duration::from_secs(10));
-    drop(local.proxy);
-    let _ = std::fs::remove_dir_all(&local.dir);
+    drop(local);
     warn!("stopped the crane-proxy inside this process");
 }
 
