@@ -14,9 +14,10 @@
 //! proxy is stopped.
 //!
 //! The in-process proxy makes no warm contexts, captures no output and
-//! serves one session; the vendor library it loaded is the one the move
-//! back loads again (the same `dlopen` handle), unloaded as usual at the
-//! next suspend.
+//! serves one session. It opens no library itself: crane's tracking loader
+//! opens the local vendors (`vendor::preload`) and hands the proxy their
+//! platforms; the move back's load takes those libraries over, so there is
+//! one tracked copy, unloaded as usual at the next suspend.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
