@@ -9,7 +9,8 @@
  *     iterations.
  *  C: two compilation units compiled with clCompileProgram against an
  *     embedded header (input_headers / header_include_names), then
- *     clLinkProgram; the helper function lives in the other unit.
+ *     clLinkProgram; the helper function lives in the other unit. The
+ *     header program is made after the units.
  *  D: the source of A built with different values, defined in a header file
  *     it includes from a directory named with -I (written at start, removed
  *     at exit): through crane-proxy the include is resolved on this machine.
@@ -226,11 +227,14 @@ int main(int argc, char **argv)
         printf("SKIP programs/link no compiler/linker; using A in its place\n");
     } else {
         cl_int err;
-        cl_program hdr = clCreateProgramWithSource(ctx, 1, &HEADER, NULL, &err);
-        CKE(err, "clCreateProgramWithSource");
+        /* The header is made after the units that include it (as the CTS's
+         * test_compiler does): a resume must still make it before their
+         * compile is replayed. */
         cl_program u1 = clCreateProgramWithSource(ctx, 1, &UNIT1, NULL, &err);
         CKE(err, "clCreateProgramWithSource");
         cl_program u2 = clCreateProgramWithSource(ctx, 1, &UNIT2, NULL, &err);
+        CKE(err, "clCreateProgramWithSource");
+        cl_program hdr = clCreateProgramWithSource(ctx, 1, &HEADER, NULL, &err);
         CKE(err, "clCreateProgramWithSource");
         const char *hname = "crane_ops.h";
         err = clCompileProgram(u1, 1, &dev, "-cl-std=CL1.2", 1, &hdr, &hname, NULL, NULL);
