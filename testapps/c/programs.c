@@ -10,10 +10,17 @@
  *  C: two compilation units compiled with clCompileProgram against an
  *     embedded header (input_headers / header_include_names), then
  *     clLinkProgram; the helper function lives in the other unit. The
- *     header program is made after the units.
+ *     header program is made after the units. The units stay: every 10
+ *     iterations unit 1 is compiled again and the two linked again (a
+ *     resume may have made them from their compiled objects; compiling
+ *     again must still work, and the build status read success).
  *  D: the source of A built with different values, defined in a header file
  *     it includes from a directory named with -I (written at start, removed
  *     at exit): through crane-proxy the include is resolved on this machine.
+ *  E: a program built again every 10 iterations, with and without a macro
+ *     that changes what its kernel writes (as the CTS's
+ *     options_build_macro_existence does; a resume may have made it from its
+ *     kept executable, and the next build must still compile the source).
  *  clCloneKernel (OpenCL >= 2.1) clones a kernel with its arguments set.
  * Each iteration runs the same pipeline with two of A/B/C (results must be
  * identical) plus D, and checks everything against a host model.
@@ -70,6 +77,16 @@ static const char *UNIT2 =
     "uint crane_scale_op(uint v)\n"
     "{\n"
     "    return v * K_MUL + K_ADD;\n"
+    "}\n";
+
+static const char *SRC_E =
+    "__kernel void e(__global uint *o)\n"
+    "{\n"
+    "#ifdef E_MACRO\n"
+    "    o[0] = 42u;\n"
+    "#else\n"
+    "    o[0] = 24u;\n"
+    "#endif\n"
     "}\n";
 
 #define N 8192u
@@ -221,7 +238,8 @@ int main(int argc, char **argv)
     cl_bool compiler = CL_FALSE, linker = CL_FALSE;
     CK(clGetDeviceInfo(dev, CL_DEVICE_COMPILER_AVAILABLE, sizeof compiler, &compiler, NULL));
     CK(clGetDeviceInfo(dev, CL_DEVICE_LINKER_AVAILABLE, sizeof linker, &linker, NULL));
-    cl_program pc = NULL;
+    cl_program pc = NULL, hdr = NULL, u1 = NULL, u2 = NULL;
+    const char *hname = "crane_ops.h";
     kset kc;
     if (!compiler || !linker || device_version(dev) < 12) {
         printf("SKIP programs/link no compiler/linker; using A in its place\n");
@@ -230,13 +248,12 @@ int main(int argc, char **argv)
         /* The header is made after the units that include it (as the CTS's
          * test_compiler does): a resume must still make it before their
          * compile is replayed. */
-        cl_program u1 = clCreateProgramWithSource(ctx, 1, &UNIT1, NULL, &err);
+        u1 = clCreateProgramWithSource(ctx, 1, &UNIT1, NULL, &err);
         CKE(err, "clCreateProgramWithSource");
-        cl_program u2 = clCreateProgramWithSource(ctx, 1, &UNIT2, NULL, &err);
+        u2 = clCreateProgramWithSource(ctx, 1, &UNIT2, NULL, &err);
         CKE(err, "clCreateProgramWithSource");
-        cl_program hdr = clCreateProgramWithSource(ctx, 1, &HEADER, NULL, &err);
+        hdr = clCreateProgramWithSource(ctx, 1, &HEADER, NULL, &err);
         CKE(err, "clCreateProgramWithSource");
-        const char *hname = "crane_ops.h";
         err = clCompileProgram(u1, 1, &dev, "-cl-std=CL1.2", 1, &hdr, &hname, NULL, NULL);
         if (err != CL_SUCCESS) {
             print_build_log(u1, dev);
@@ -254,9 +271,6 @@ int main(int argc, char **argv)
                 print_build_log(pc, dev);
             die_cl("clLinkProgram", err);
         }
-        CK(clReleaseProgram(hdr));
-        CK(clReleaseProgram(u1));
-        CK(clReleaseProgram(u2));
         kernels_in_program(pc, &kc, 0);
         printf("programs: compiled and linked two units\n");
     }
@@ -279,6 +293,7 @@ int main(int argc, char **argv)
     free(src_d);
     kset kd;
     kernels_in_program(pd, &kd, 0);
+    cl_program pe = build_source(ctx, dev, SRC_E, "-cl-std=CL1.2");
 
     int can_clone = device_version(dev) >= 21 && platform_version(plat) >= 21;
     if (!can_clone)
@@ -294,9 +309,10 @@ int main(int argc, char **argv)
     for (uint32_t i = 0; i < N; i++)
         hin[i] = rng_next(&seed);
     CK(clEnqueueWriteBuffer(q, in, CL_TRUE, 0, BYTES, hin, 0, NULL, NULL));
-    int clones = 0, rebuilds = 0;
+    int clones = 0, rebuilds = 0, relinks = 0, rebuilds_e = 0;
 
     for (int it = 0; it < iters; it++) {
+        hold_if_asked("programs", it, iters);
         kset *vars[3] = {&ka, &kb, &kc};
         kset *v1 = vars[it % 3], *v2 = vars[(it + 1) % 3];
         cl_uint off = (cl_uint)it * 0x61c88647u;
@@ -355,11 +371,55 @@ int main(int argc, char **argv)
             kb.combine = make_kernel(pb, "combine");
             rebuilds++;
         }
+        if (it % 10 == 9) {
+            /* E: built again, the macro defined every other time */
+            int with = (it / 10) % 2 == 0;
+            cl_int err = clBuildProgram(pe, 1, &dev, with ? "-cl-std=CL1.2 -DE_MACRO" : "-cl-std=CL1.2",
+                                        NULL, NULL);
+            if (err != CL_SUCCESS) {
+                print_build_log(pe, dev);
+                die_cl("clBuildProgram (E again)", err);
+            }
+            cl_kernel ke = make_kernel(pe, "e");
+            CK(clSetKernelArg(ke, 0, sizeof(cl_mem), &out3));
+            size_t one = 1;
+            CK(clEnqueueNDRangeKernel(q, ke, 1, NULL, &one, NULL, 0, NULL, NULL));
+            cl_uint got = 0;
+            CK(clEnqueueReadBuffer(q, out3, CL_TRUE, 0, sizeof got, &got, 0, NULL, NULL));
+            if (got != (with ? 42u : 24u))
+                fail("program E built again did not take its new options");
+            CK(clReleaseKernel(ke));
+            rebuilds_e++;
+        }
+        if (pc && it % 10 == 9) {
+            /* C again: compile unit 1 again, link both units again */
+            cl_build_status bs;
+            cl_program_binary_type bt;
+            CK(clGetProgramBuildInfo(u2, dev, CL_PROGRAM_BUILD_STATUS, sizeof bs, &bs, NULL));
+            CK(clGetProgramBuildInfo(u2, dev, CL_PROGRAM_BINARY_TYPE, sizeof bt, &bt, NULL));
+            if (bs != CL_BUILD_SUCCESS || bt != CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT)
+                fail("a compiled unit's build status or binary type changed");
+            cl_int err = clCompileProgram(u1, 1, &dev, "-cl-std=CL1.2", 1, &hdr, &hname, NULL, NULL);
+            if (err != CL_SUCCESS) {
+                print_build_log(u1, dev);
+                die_cl("clCompileProgram (again)", err);
+            }
+            cl_program units[2] = {u1, u2};
+            cl_program again = clLinkProgram(ctx, 1, &dev, "", 2, units, NULL, NULL, &err);
+            CKE(err, "clLinkProgram (again)");
+            release_kset(&kc);
+            CK(clReleaseProgram(pc));
+            pc = again;
+            kernels_in_program(pc, &kc, 0);
+            relinks++;
+        }
         if (it % 500 == 499)
             printf("programs: iteration %d\n", it + 1);
     }
     CK(clFinish(q));
-    printf("programs: host model matches, %d clones, %d rebuilds from binary\n", clones, rebuilds);
+    printf("programs: host model matches, %d clones, %d rebuilds from binary, %d links again, "
+           "%d builds again\n",
+           clones, rebuilds, relinks, rebuilds_e);
 
     release_kset(&ka);
     release_kset(&kb);
@@ -367,9 +427,14 @@ int main(int argc, char **argv)
     release_kset(&kd);
     CK(clReleaseProgram(pa));
     CK(clReleaseProgram(pb));
-    if (pc)
+    if (pc) {
         CK(clReleaseProgram(pc));
+        CK(clReleaseProgram(hdr));
+        CK(clReleaseProgram(u1));
+        CK(clReleaseProgram(u2));
+    }
     CK(clReleaseProgram(pd));
+    CK(clReleaseProgram(pe));
     unlink(dpath);
     rmdir(ddir);
     CK(clReleaseMemObject(in));

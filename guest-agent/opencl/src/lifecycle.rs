@@ -1238,6 +1238,11 @@ struct ProgramStats {
     time: Duration,
     reused_bytes: u64,
     contexts: Duration,
+    /// Programs made from kept executables, from kept compiled objects, and
+    /// made again from what the application gave (compiled or built again).
+    from_executables: usize,
+    from_compiled: usize,
+    from_source: usize,
 }
 
 fn recreate(
@@ -1448,17 +1453,22 @@ fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
             if matches!(p.source, ProgramSource::Linked { .. }) != linked {
                 continue;
             }
-            // A compiled program is made again from its source where its
-            // compile can read its files (so that the application may compile
-            // it again, which a program made from a binary refuses), else from
-            // the compiled object kept at suspend (its headers are gone), unless
-            // the devices changed: that object is for the old ones.
+            p.from_compiled.store(false, Ordering::Relaxed);
+            // A compiled program is made from the compiled object kept at
+            // suspend on the same devices and drivers (without the compiler:
+            // hundreds of compiled programs took seconds to compile again on
+            // every move; made from its source again only if the application
+            // compiles it again), and elsewhere where its compile could not
+            // read its files again (its headers are gone), unless the devices
+            // changed: that object is for the old ones. Otherwise it is
+            // compiled again from its source.
             if !linked
-                && !moved
-                && !program::recompilable(p)
-                && let Some(v) = program::vendor_create_compiled(p)
+                && (program::compiled_is_current(p) || (!moved && !program::recompilable(p)))
+                && let Some((v, n)) = program::vendor_create_compiled(p)
             {
                 p.base.set_vendor(v);
+                stats.reused_bytes += n;
+                stats.from_compiled += 1;
                 continue;
             }
             // Built on the same devices and drivers before: made from the
@@ -1466,8 +1476,10 @@ fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
             if let Some((v, n)) = program::vendor_create_executable(p) {
                 p.base.set_vendor(v);
                 stats.reused_bytes += n;
+                stats.from_executables += 1;
                 continue;
             }
+            stats.from_source += 1;
             let v = program::vendor_create(p)?;
             p.base.set_vendor(v);
             let replayed = p
@@ -1480,7 +1492,7 @@ fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
             if let Err(e) = replayed {
                 // The compiled object, where one was kept, rather than no
                 // program at all.
-                let Some(kept) = (!linked && !moved)
+                let Some((kept, _)) = (!linked && !moved)
                     .then(|| program::vendor_create_compiled(p))
                     .flatten()
                 else {
@@ -1494,6 +1506,10 @@ fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
         }
     }
     stats.time = started.elapsed();
+    debug!(
+        "programs: {} from kept executables, {} from kept compiled objects, {} made again",
+        stats.from_executables, stats.from_compiled, stats.from_source
+    );
     for k in handle::live::<Kernel>() {
         let vp = k.program.base.vendor();
         let mut err = CL_SUCCESS;

@@ -347,10 +347,16 @@ pub struct Program {
     /// this copy, never past the sizes the application was given.
     pub reported_binaries: Mutex<Option<Vec<Vec<u8>>>>,
     /// The compiled object of a program whose latest step is a
-    /// clCompileProgram, kept at suspend: resume makes the program from it
-    /// rather than compiling again, which may not work a second time (the
-    /// CTS compiles with `-I DIR` and removes DIR at once).
-    pub compiled: Mutex<Option<DeviceBinaries>>,
+    /// clCompileProgram, kept at suspend: a resume onto the same devices and
+    /// drivers makes the program from it rather than compiling again, and so
+    /// does any resume where compiling again would not work (the CTS compiles
+    /// with `-I DIR` and removes DIR at once).
+    pub compiled: Mutex<Option<Compiled>>,
+    /// The vendor program now was made from `compiled`: it answers the kept
+    /// compile log and status, and is made from its source again before the
+    /// application compiles or builds it (a program made from a binary
+    /// refuses clCompileProgram).
+    pub from_compiled: AtomicBool,
     /// The executables of a program built from source or IL, kept at
     /// suspend, one per set of devices it was built on: a resume onto the
     /// same devices and drivers makes the program from one rather than
@@ -362,6 +368,14 @@ pub struct Program {
     pub from_executable: AtomicBool,
 }
 cl_object!(Program, Program, clReleaseProgram);
+
+/// A program's compiled object, per device, with the identity of the device
+/// it was compiled for, and the compile log of each device.
+#[derive(Clone)]
+pub struct Compiled {
+    pub binaries: Vec<(Arc<Device>, DeviceId, Vec<u8>)>,
+    pub logs: Vec<Vec<u8>>,
+}
 
 /// A program's built executable, per device, with the identity (platform,
 /// name, driver version) of the device it was built for.

@@ -192,6 +192,78 @@ fn starts_remote_then_goes_local() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// Compiled programs (clCompileProgram) come back from the compiled objects
+/// kept at suspend when the device and driver are the same, locally and on
+/// crane-proxy, without the compiler (the CTS's test_compiler keeps hundreds
+/// alive: compiling them again took seconds at every move), as built ones
+/// come back from their executables; the application can still compile and
+/// build them again afterwards, with new options (`programs` compiles one of
+/// its two units again every 10 iterations and links them again, and builds
+/// a program again with and without a macro), and ends with the native
+/// result.
+#[test]
+fn programs_made_from_kept_binaries_compile_and_build_again() {
+    let iters = "60";
+    let want = native("programs", iters);
+    let proxy = Proxy::start("compiled", false, &[("k", "t")]);
+    let scratch = scratch("remote-compiled");
+    let run_dir = scratch.path();
+    let release = hold_file(run_dir);
+    let child = under_crane("programs", iters, run_dir)
+        .env("TESTAPP_HOLD", &release)
+        .env("CRANE_DEBUG", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(run_dir, child.id());
+    wait_socket(&sock);
+    let started = Instant::now();
+    while !run_dir.join("release.held").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "not holding");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Duration::from_secs(120);
+    let local = Request::Local {
+        deadline_ms: 20_000,
+        device: None,
+    };
+    let suspend = Request::Suspend {
+        deadline_ms: 20_000,
+    };
+    // Held after 3 compiles again: suspend + resume, to the proxy, back,
+    // and to the proxy again, where the rest of the run compiles again.
+    for (what, req) in [
+        ("suspend", &suspend),
+        ("resume", &Request::RESUME),
+        ("remote", &remote(&proxy.addr, "k")),
+        ("local", &local),
+        ("remote again", &remote(&proxy.addr, "k")),
+    ] {
+        let r = call(&sock, req, t).unwrap();
+        assert!(r.ok, "{what}: {:?}", r.error);
+    }
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(result_line(&out.stdout), want);
+    // The two compiled units, at every rebuild.
+    let rebuilds: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("from kept compiled objects"))
+        .collect();
+    assert_eq!(rebuilds.len(), 4, "{rebuilds:?}");
+    for l in rebuilds {
+        assert!(l.contains(", 2 from kept compiled objects,"), "{l}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(", 6 links again, 6 builds again"),
+        "{stdout}"
+    );
+}
+
 /// crane does not send an argument again that the proxy's kernel holds
 /// already, but a wrong one set again fails again, as natively (the client
 /// checks its size: the call itself returns the error); valid arguments then

@@ -43,6 +43,7 @@ fn new_program(context: Arc<Context>, source: ProgramSource) -> Program {
         compiled: Mutex::new(None),
         executables: Mutex::new(Vec::new()),
         from_executable: AtomicBool::new(false),
+        from_compiled: AtomicBool::new(false),
     }
 }
 
@@ -81,6 +82,24 @@ fn binaries_of_type(
     Ok(out)
 }
 
+/// A vendor program's binaries of type `want` on every device, each with
+/// the identity of the device it is for and its build log.
+#[allow(clippy::type_complexity)]
+fn binaries_and_logs(
+    p: &Program,
+    v: *mut c_void,
+    want: cl_program_binary_type,
+) -> ClResult<(Vec<(Arc<Device>, DeviceId, Vec<u8>)>, Vec<Vec<u8>>)> {
+    let mut binaries = Vec::new();
+    let mut logs = Vec::new();
+    for (d, vd, bin) in binaries_of_type(p, v, want)? {
+        let id = d.root().now();
+        logs.push(build_log(v, vd)?);
+        binaries.push((d, id, bin));
+    }
+    Ok((binaries, logs))
+}
+
 /// Suspend: keeps the compiled object of a program whose latest step is a
 /// clCompileProgram that worked, for [`vendor_create_compiled`]. Anything
 /// the vendor does not give leaves the program to be compiled again.
@@ -90,18 +109,17 @@ pub fn save_compiled(p: &Program) {
         Some(BuildStep::Compile { .. })
     );
     let v = p.base.vendor();
-    if !last_is_compile || v.is_null() {
+    // Made from the kept object at an earlier resume: that one stays (PoCL
+    // 3.1 does not give a program made from a binary its binary back, and
+    // the log is the first compile's).
+    if !last_is_compile || v.is_null() || p.from_compiled.load(Ordering::Relaxed) {
         return;
     }
-    let saved = binaries_of_type(p, v, CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT).map(|bins| {
-        bins.into_iter()
-            .map(|(d, _, b)| (d, b))
-            .collect::<DeviceBinaries>()
-    });
-    match saved {
-        Ok(bins) => *p.compiled.lock().unwrap_or_else(|e| e.into_inner()) = Some(bins),
-        // A program made from the kept object at an earlier resume need not
-        // give it back (PoCL 3.1 does not): the kept one stays.
+    match binaries_and_logs(p, v, CL_PROGRAM_BINARY_TYPE_COMPILED_OBJECT) {
+        Ok((binaries, logs)) => {
+            *p.compiled.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(Compiled { binaries, logs })
+        }
         Err(e) => crate::config::debug!("the compiled object of a program is not read: {e}"),
     }
 }
@@ -128,36 +146,30 @@ pub fn save_executable(p: &Program) {
     if v.is_null() || kept.iter().any(is_current) {
         return;
     }
-    let saved = binaries_of_type(p, v, CL_PROGRAM_BINARY_TYPE_EXECUTABLE).and_then(|bins| {
-        let mut binaries = Vec::new();
-        let mut logs = Vec::new();
-        for (d, vd, bin) in bins {
-            let id = d
-                .root()
-                .now
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            logs.push(build_log(v, vd)?);
-            binaries.push((d, id, bin));
-        }
-        Ok(Executable {
-            steps,
-            binaries,
-            logs,
-        })
-    });
+    let saved =
+        binaries_and_logs(p, v, CL_PROGRAM_BINARY_TYPE_EXECUTABLE).map(|(binaries, logs)| {
+            Executable {
+                steps,
+                binaries,
+                logs,
+            }
+        });
     match saved {
         Ok(e) => kept.push(e),
         Err(e) => crate::config::debug!("the executable of a program is not read: {e}"),
     }
 }
 
-/// Whether an executable is for the devices its program's devices are now.
-fn is_current(e: &Executable) -> bool {
-    e.binaries
+/// Whether binaries are for the devices their program's devices are now.
+fn all_current(binaries: &[(Arc<Device>, DeviceId, Vec<u8>)]) -> bool {
+    binaries
         .iter()
         .all(|(d, id, _)| *d.root().now.lock().unwrap_or_else(|e| e.into_inner()) == *id)
+}
+
+/// Whether an executable is for the devices its program's devices are now.
+fn is_current(e: &Executable) -> bool {
+    all_current(&e.binaries)
 }
 
 /// Resume: the program made from the executable [`save_executable`] kept,
@@ -362,24 +374,83 @@ pub fn recompilable(p: &Program) -> bool {
     })
 }
 
+/// Whether the compiled object [`save_compiled`] kept is for the devices
+/// the program's devices are now (the same devices and drivers).
+pub fn compiled_is_current(p: &Program) -> bool {
+    p.compiled
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .is_some_and(|c| all_current(&c.binaries))
+}
+
 /// Resume: the program made from the compiled object [`save_compiled`]
-/// kept, or None (then it is made and compiled again from its source).
-pub fn vendor_create_compiled(p: &Program) -> Option<*mut c_void> {
-    let bins = p
+/// kept, or None (then it is made and compiled again from its source), with
+/// the bytes it was made from.
+pub fn vendor_create_compiled(p: &Program) -> Option<(*mut c_void, u64)> {
+    let bins: DeviceBinaries = p
         .compiled
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .clone()?;
+        .as_ref()?
+        .binaries
+        .iter()
+        .map(|(d, _, b)| (d.clone(), b.clone()))
+        .collect();
     let mut err = CL_SUCCESS;
     let v = create_from_binaries(p.context.base.vendor(), &bins, &mut err).ok()?;
     if err == CL_SUCCESS && !v.is_null() {
-        return Some(v);
+        p.from_compiled.store(true, Ordering::Relaxed);
+        return Some((v, bins.iter().map(|(_, b)| b.len() as u64).sum()));
     }
     if !v.is_null() {
         // SAFETY: the program just made, not handed out.
         unsafe { crate::vendor::release(v, |t| t.clReleaseProgram) };
     }
     None
+}
+
+/// Before the application compiles or builds a program that a resume made
+/// from its kept compiled object or executable (or names it as a header):
+/// the program is made from its source again, with its specialization
+/// constants, since a program made from a binary cannot be compiled, and
+/// builds the binary rather than the source with new options (the CTS's
+/// `options_build_macro_existence` builds a program twice, with and without
+/// a macro; PoCL aborted on the second build after a resume). Not while the
+/// program has kernels: the vendor refuses that build as it would have
+/// natively. Nothing else holds the vendor object then (a link consumed
+/// it).
+fn back_to_source(p: &Program) -> ClResult<()> {
+    let from_binary =
+        p.from_compiled.load(Ordering::Acquire) || p.from_executable.load(Ordering::Acquire);
+    if !from_binary
+        || !matches!(p.source, ProgramSource::Source(_) | ProgramSource::Il(_))
+        || handle::live::<Kernel>()
+            .iter()
+            .any(|k| std::ptr::eq(Arc::as_ptr(&k.program), p))
+    {
+        return Ok(());
+    }
+    let v = vendor_create(p)?;
+    let constants = p
+        .steps
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|s| matches!(s, BuildStep::SpecConstant { .. }))
+        .try_for_each(|s| replay_step(v, s));
+    if let Err(e) = constants {
+        // SAFETY: the program just made, not handed out.
+        unsafe { crate::vendor::release(v, |t| t.clReleaseProgram) };
+        return Err(e);
+    }
+    let old = p.base.take_vendor();
+    p.base.set_vendor(v);
+    p.from_compiled.store(false, Ordering::Release);
+    p.from_executable.store(false, Ordering::Release);
+    // SAFETY: the vendor program made from the binary, replaced above.
+    unsafe { crate::vendor::release(old, |t| t.clReleaseProgram) };
+    Ok(())
 }
 
 /// A vendor program's answer to `param` as an array of `T` (a size query,
@@ -800,6 +871,7 @@ pub unsafe extern "C" fn clBuildProgram(
             return Err(CL_INVALID_VALUE);
         }
         let (vd, devs) = devices_of(n, devices)?;
+        back_to_source(prog)?;
         let opts = options_of(options);
         let vopts = with_arg_info(&opts);
         let added = vopts != opts;
@@ -890,10 +962,12 @@ pub unsafe extern "C" fn clCompileProgram(
             n_headers as usize,
             CL_INVALID_VALUE,
         )?;
+        back_to_source(prog)?;
         let mut vh = Vec::new();
         let mut recorded = Vec::new();
         for (&h, &name) in hs.iter().zip(hn) {
             let hp = arc_of::<Program>(h.cast(), CL_INVALID_PROGRAM)?;
+            back_to_source(&hp)?;
             vh.push(hp.base.vendor().cast());
             recorded.push((hp, options_of(name)));
         }
@@ -1234,6 +1308,24 @@ pub unsafe extern "C" fn clGetProgramBuildInfo(
             let steps = prog.steps.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(o) = steps.iter().rev().find_map(BuildStep::options) {
                 return write_info(o.as_bytes_with_nul(), size, value, size_ret);
+            }
+        }
+        if prog.from_compiled.load(Ordering::Relaxed) {
+            // Made from the kept compiled object: the vendor saw no compile.
+            let kept = prog.compiled.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(c) = kept.as_ref()
+                && let Some(i) = c
+                    .binaries
+                    .iter()
+                    .position(|(dev, _, _)| dev.base.vendor() == vd)
+            {
+                match param {
+                    CL_PROGRAM_BUILD_LOG => return write_info(&c.logs[i], size, value, size_ret),
+                    CL_PROGRAM_BUILD_STATUS => {
+                        return write_info(bytes_of(&CL_BUILD_SUCCESS), size, value, size_ret);
+                    }
+                    _ => {}
+                }
             }
         }
         if param == CL_PROGRAM_BUILD_LOG && prog.from_executable.load(Ordering::Relaxed) {
