@@ -174,7 +174,7 @@ fn random_call(rng: &mut StdRng) -> (Call, Vec<u8>) {
             .map(|_| rng.random())
             .collect::<Vec<u8>>()
     };
-    match rng.random_range(0..22) {
+    match rng.random_range(0..25) {
         0 => (
             Call::GetInfo {
                 kind: [
@@ -426,6 +426,35 @@ fn random_call(rng: &mut StdRng) -> (Call, Vec<u8>) {
                 ids: (0..rng.random_range(0..3))
                     .map(|_| rng.random_range(10..40))
                     .collect(),
+            },
+            vec![],
+        ),
+        21 => {
+            // Pre-copy blobs: a few keys, pieces at any offset of any total.
+            let total = size(rng);
+            let len = rng.random_range(0..4096usize);
+            (
+                Call::Stash {
+                    key: rng.random_range(0..4),
+                    total,
+                    offset: if rng.random() { 0 } else { size(rng) },
+                },
+                vec![7; len],
+            )
+        }
+        22 => (
+            Call::EnqueueWriteStash {
+                queue: pick(rng, queue),
+                buffer: pick(rng, mem),
+                offset: size(rng),
+                key: rng.random_range(0..4),
+                sync: sync(rng),
+            },
+            vec![],
+        ),
+        23 => (
+            Call::Unstash {
+                key: rng.random_range(0..4),
             },
             vec![],
         ),

@@ -64,9 +64,17 @@ pub struct Args {
     #[arg(long)]
     pub moves: Option<String>,
     /// Which of the kinds to run: `suspend` (suspend+resume), `precopy`
-    /// (pre-copy, then suspend+resume), `remote` (to crane-proxy and back).
-    #[arg(long, default_value = "suspend,precopy,remote", value_delimiter = ',')]
+    /// (pre-copy, then suspend+resume), `remote` (to crane-proxy and back),
+    /// `pc-remote` (to crane-proxy after a pre-copy there, and back).
+    #[arg(
+        long,
+        default_value = "suspend,precopy,remote,pc-remote",
+        value_delimiter = ','
+    )]
     pub steps: Vec<String>,
+    /// The most rounds of a pre-copy to crane-proxy (`pc-remote`).
+    #[arg(long, default_value_t = 4)]
+    pub precopy_rounds: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -74,7 +82,8 @@ struct Step {
     mib: f64,
     rewrite_percent: f64,
     /// `suspend`, `resume`, `remote`, `local`, `precopy`, `pc-suspend`,
-    /// `pc-resume`, or `to-SPEC` (a move to other devices).
+    /// `pc-resume`, `pc-remote`, `pc-local`, or `to-SPEC` (a move to other
+    /// devices).
     step: String,
     /// The longest gap between two of the application's iterations around
     /// the step (for suspend+resume: both, with the driver's turnaround).
@@ -173,8 +182,8 @@ pub fn main(
     build: impl FnOnce() -> Result<(PathBuf, PathBuf)>,
 ) -> Result<()> {
     for s in &a.steps {
-        if !["suspend", "precopy", "remote"].contains(&s.as_str()) {
-            bail!("--steps: unknown kind {s:?} (suspend, precopy, remote)");
+        if !["suspend", "precopy", "remote", "pc-remote"].contains(&s.as_str()) {
+            bail!("--steps: unknown kind {s:?} (suspend, precopy, remote, pc-remote)");
         }
     }
     let (lib, proxy_bin) = match (a.lib.clone(), a.proxy.clone()) {
@@ -304,31 +313,38 @@ pub fn main(
                 record("pc-suspend", None, s);
                 record("pc-resume", Some(pause), r);
             }
-            for _ in 0..times("remote") {
-                std::thread::sleep(Duration::from_secs(1));
-                app.gap()?;
-                let away = request(
-                    &sock,
-                    &Request::Remote {
-                        proxy: proxy.addr.clone(),
-                        token: Some(proxy.token.clone()),
-                        deadline_ms,
-                        device: None,
-                    },
-                )?;
-                std::thread::sleep(Duration::from_millis(200));
-                record("remote", Some(app.gap()?), away);
-                std::thread::sleep(Duration::from_secs(1));
-                app.gap()?;
-                let back = request(
-                    &sock,
-                    &Request::Local {
-                        deadline_ms,
-                        device: None,
-                    },
-                )?;
-                std::thread::sleep(Duration::from_millis(200));
-                record("local", Some(app.gap()?), back);
+            // A move to crane-proxy and back; with a pre-copy (`pc-remote`)
+            // the application runs on while its buffers are sent ahead, and
+            // its gap is the move's stop (or a round's snapshot point).
+            for (kind, precopy) in [("remote", 0), ("pc-remote", a.precopy_rounds.max(1))] {
+                for _ in 0..times(kind) {
+                    std::thread::sleep(Duration::from_secs(1));
+                    app.gap()?;
+                    let away = request(
+                        &sock,
+                        &Request::Remote {
+                            proxy: proxy.addr.clone(),
+                            token: Some(proxy.token.clone()),
+                            deadline_ms,
+                            device: None,
+                            precopy,
+                        },
+                    )?;
+                    std::thread::sleep(Duration::from_millis(200));
+                    record(kind, Some(app.gap()?), away);
+                    std::thread::sleep(Duration::from_secs(1));
+                    app.gap()?;
+                    let back = request(
+                        &sock,
+                        &Request::Local {
+                            deadline_ms,
+                            device: None,
+                        },
+                    )?;
+                    std::thread::sleep(Duration::from_millis(200));
+                    let back_kind = if precopy > 0 { "pc-local" } else { "local" };
+                    record(back_kind, Some(app.gap()?), back);
+                }
             }
             let specs: Vec<&str> = a.moves.as_deref().map_or(Vec::new(), |m| {
                 m.split(',')

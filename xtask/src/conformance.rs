@@ -451,6 +451,7 @@ fn inject(
                 token: Some(token),
                 deadline_ms,
                 device: None,
+                precopy: 0,
             },
             Request::Local {
                 deadline_ms,

@@ -40,8 +40,13 @@ pub struct Config {
     pub rollback_timeout_ms: u64,
     /// Before prepare-migrate stops the processes, pre-copy their device
     /// memory while they run on (`cranectl precopy`), so that the stop reads
-    /// only what they changed since.
+    /// only what they changed since; for a live migration also to
+    /// crane-proxy (`cranectl remote --precopy`), so that the move sends
+    /// only that.
     pub precopy: bool,
+    /// The most rounds of a pre-copy to crane-proxy (each sends what the
+    /// process changed during the one before).
+    pub precopy_rounds: u32,
     pub modules: ModulesConfig,
     pub device: DeviceConfig,
     pub standalone: StandaloneConfig,
@@ -92,6 +97,7 @@ impl Default for Config {
             answer_grace_ms: 2_000,
             rollback_timeout_ms: 60_000,
             precopy: true,
+            precopy_rounds: 4,
             modules: ModulesConfig::default(),
             device: DeviceConfig::default(),
             standalone: StandaloneConfig::default(),

@@ -232,6 +232,11 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
                     token: token.clone(),
                     deadline_ms,
                     device: None,
+                    precopy: if self.cfg.precopy {
+                        self.cfg.precopy_rounds
+                    } else {
+                        0
+                    },
                 },
                 MigrateMode::StopAndCopy => AppRequest::Suspend { deadline_ms },
             }
@@ -239,10 +244,11 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
         // Pre-copy: each process's device memory read into RAM while it runs
         // on, so that the stop below reads only what changed since. A process
         // that cannot is stopped as it is (nothing is lost either way); one
-        // found gone is reported so.
+        // found gone is reported so. A move to crane-proxy pre-copies there
+        // itself (the request's `precopy`), sending ahead too.
         let mut reports: Vec<AppReport> = Vec::new();
         let mut seen = BTreeSet::new();
-        if self.cfg.precopy {
+        if self.cfg.precopy && matches!(mode, MigrateMode::StopAndCopy) {
             let pids = list_pids(&run_dir);
             let left = deadline.saturating_duration_since(Instant::now());
             let req = AppRequest::Precopy {

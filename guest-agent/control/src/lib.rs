@@ -91,6 +91,11 @@ pub enum Request {
         /// [`DeviceSpec`]); none: those of the same platform and position.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         device: Option<String>,
+        /// Pre-copy first, in at most this many rounds (0: none): buffer
+        /// contents are sent to the proxy while the process runs on, and
+        /// the move stops it only for what it changed since (wire 1.5).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        precopy: u32,
     },
     /// Bring the process's GPU state back from the proxy to the local vendor
     /// library (reload, recreate, re-inject what the proxy changed).
@@ -348,6 +353,10 @@ pub fn list_pids(run_dir: &Path) -> Vec<u32> {
 
 /// Largest request line a process accepts (guards against a hostile peer).
 pub const MAX_REQUEST: usize = 64 * 1024;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
 
 #[cfg(test)]
 mod tests {

@@ -98,6 +98,16 @@ enum Cmd {
         token_file: Option<PathBuf>,
         #[command(flatten)]
         device: OnDevice,
+        /// Pre-copy first: send the buffers' contents to the proxy while the
+        /// process runs on, in rounds, so that the move stops it only for
+        /// what it changed since.
+        #[arg(long)]
+        precopy: bool,
+        /// The most rounds of --precopy (each sends what changed during the
+        /// one before; it stops early once little changed).
+        #[arg(long, value_name = "N", default_value_t = 4, requires = "precopy",
+              value_parser = clap::value_parser!(u32).range(1..=64))]
+        precopy_rounds: u32,
     },
     /// Bring a process back from crane-proxy to the local vendor library;
     /// with --device, also move a process in passthrough onto another local
@@ -336,6 +346,8 @@ fn run() -> Result<ExitCode> {
                     proxy,
                     token_file,
                     device,
+                    precopy,
+                    precopy_rounds,
                 } => (
                     "remote",
                     "remote",
@@ -345,6 +357,7 @@ fn run() -> Result<ExitCode> {
                         token: token_file.as_deref().map(read_token).transpose()?,
                         deadline_ms: which.deadline_ms,
                         device: device.device,
+                        precopy: if precopy { precopy_rounds } else { 0 },
                     },
                 ),
                 Cmd::Local { which, device } => (

@@ -22,6 +22,9 @@ static START: Once = Once::new();
 const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 /// How long a peer has to take the response.
 const RESPONSE_DEADLINE: Duration = Duration::from_secs(5);
+/// A pre-copy to crane-proxy ends after a round that sent at most this
+/// much: the move then sends it (at the proxy's intake, a few ms).
+const PRECOPY_SMALL: u64 = 8 << 20;
 /// Connections being read at once; more are refused at once, so that a flood
 /// of idle connections costs bounded threads and memory.
 const MAX_CONNECTIONS: usize = 16;
@@ -300,13 +303,28 @@ fn handle(req: Request) -> Response {
             token,
             deadline_ms,
             device,
+            precopy,
         } => match std::panic::catch_unwind(|| {
-            lifecycle::go_remote(
-                proxy,
-                token.unwrap_or_default(),
-                Duration::from_millis(deadline_ms),
-                parse_spec(device)?,
-            )
+            let token = token.unwrap_or_default();
+            let deadline = Duration::from_millis(deadline_ms);
+            let spec = parse_spec(device)?;
+            // Sent ahead while the application runs on; a pre-copy that
+            // cannot be made leaves the move to send everything.
+            let mut phases = Vec::new();
+            if precopy > 0 {
+                match crate::remote::ahead::send(&proxy, &token, deadline, precopy, PRECOPY_SMALL) {
+                    Ok((p, _)) => phases = p,
+                    Err(e) => crate::config::warn!("moving to crane-proxy without a pre-copy: {e}"),
+                }
+            }
+            let moved = lifecycle::go_remote(proxy, token, deadline, spec);
+            if moved.is_err() {
+                crate::remote::ahead::discard();
+            }
+            moved.map(|(p, residue)| {
+                phases.extend(p);
+                (phases, residue)
+            })
         }) {
             Ok(Ok((phases, residue))) => ok(phases, Some(residue)),
             Ok(Err(e)) => Response::error(e),

@@ -239,7 +239,7 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
                         || m.shadow
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .data
+                            .data()
                             .is_none())
             })
             .collect()
@@ -295,7 +295,7 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
             Ok(()) => {
                 let mut sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
                 if !m.dirty.load(Ordering::SeqCst) {
-                    sh.data = Some(data);
+                    sh.replace(Some(data));
                     bytes += m.size as u64;
                 }
             }
@@ -570,8 +570,7 @@ fn install(m: &Mem, data: HostBytes) -> Option<HostBytes> {
                 .shadow
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .data
-                .replace(data);
+                .replace(Some(data));
         }
     }
     Some(data)
@@ -592,7 +591,7 @@ fn read_back(stage: bool) -> ClResult<ReadBack> {
             .shadow
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .data
+            .data()
             .is_some();
         let needed = m.ever_written.load(Ordering::Relaxed)
             && (m.dirty.load(Ordering::Relaxed)
@@ -613,8 +612,7 @@ fn read_back(stage: bool) -> ClResult<ReadBack> {
                     m.shadow
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .data
-                        .take()
+                        .replace(None)
                         .filter(|d| d.len() == m.size)
                         .unwrap_or_else(|| HostBytes::zeroed(m.size))
                 };
@@ -1149,6 +1147,7 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     // Gives back what was made, so that a later attempt starts clean (on the
     // devices the process was on), and says why.
     let give_up = |why: String| {
+        crate::remote::ahead::finish(None);
         release_all();
         vendor::unload(&policy());
         for m in &moved {
@@ -1184,7 +1183,13 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     }
     let (mut bytes, mut inject) = (0u64, Duration::ZERO);
     let mut programs = ProgramStats::default();
-    if let Err(e) = recreate(&mut bytes, &mut inject, &mut programs, !moved.is_empty()) {
+    let recreated = recreate(&mut bytes, &mut inject, &mut programs, !moved.is_empty());
+    // Blobs a pre-copy sent ahead that the rebuild did not use are dropped.
+    let unused = crate::remote::ahead::finish(vendor::remote_session().as_deref());
+    if unused > 0 {
+        debug!("{unused} buffer(s) sent ahead changed since: sent again");
+    }
+    if let Err(e) = recreated {
         return Err(failed("recreating the objects", e));
     }
     if let Some(s) = vendor::remote_session() {
@@ -1223,9 +1228,19 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     tm.phases.push(Phase {
         name: "reinject".into(),
         ms: inject.as_secs_f64() * 1e3,
-        bytes,
+        bytes: bytes - programs.ahead,
         parallel: false,
     });
+    if programs.ahead > 0 {
+        // Written on crane-proxy from what a pre-copy sent ahead (its time
+        // is in `reinject`).
+        tm.phases.push(Phase {
+            name: "reinject-ahead".into(),
+            ms: 0.0,
+            bytes: programs.ahead,
+            parallel: false,
+        });
+    }
     debug!("rebuilt: {:?}", tm.phases);
     Ok(tm.phases)
 }
@@ -1243,6 +1258,8 @@ struct ProgramStats {
     from_executables: usize,
     from_compiled: usize,
     from_source: usize,
+    /// Bytes written on crane-proxy from blobs a pre-copy sent ahead.
+    ahead: u64,
 }
 
 fn recreate(
@@ -1278,6 +1295,7 @@ fn recreate(
     let queues = handle::live::<Queue>();
     let mut inject = Injection::default();
     let r = recreate_mems(&mems, &queues, &mut inject, reinjected, reinject_time);
+    programs.ahead = inject.ahead;
     let t = Instant::now();
     inject.finish();
     *reinject_time += t.elapsed();
@@ -1293,6 +1311,8 @@ struct Injection {
     /// Per context: the queue the writes go to, and whether it is crane's own.
     queues: Vec<(*const Context, *mut c_void, bool)>,
     pins: Vec<staging::TempPin>,
+    /// Bytes written on crane-proxy from blobs a pre-copy sent ahead.
+    ahead: u64,
 }
 
 impl Injection {
@@ -1330,6 +1350,7 @@ impl Injection {
 fn inject_pinned(
     m: &Mem,
     data: &HostBytes,
+    generation: u64,
     queues: &[Arc<Queue>],
     inject: &mut Injection,
 ) -> ClResult<Option<*mut c_void>> {
@@ -1337,6 +1358,28 @@ fn inject_pinned(
         || m.flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS) != 0
     {
         return Ok(None);
+    }
+    // Sent ahead by a pre-copy and unchanged since: the proxy writes it from
+    // the blob it holds.
+    if let Some(s) = vendor::remote_session()
+        && let Some(key) = crate::remote::ahead::blob_for(m, generation)
+    {
+        let q = inject.queue(&m.context, queues)?;
+        let v = memory::vendor_create(m, None)?;
+        let call = crane_wire::Call::EnqueueWriteStash {
+            queue: crate::remote::id_of(q),
+            buffer: crate::remote::id_of(v),
+            offset: 0,
+            key,
+            sync: crane_wire::Sync::default(),
+        };
+        if let Err(e) = s.post(&call, &[], false) {
+            // SAFETY: the buffer just made.
+            unsafe { vendor::release(v, |d| d.clReleaseMemObject) };
+            return Err(e);
+        }
+        inject.ahead += data.len() as u64;
+        return Ok(Some(v));
     }
     // On crane-proxy the write goes over the session, whose payload the proxy
     // reads straight into its own pinned staging and copies to the device
@@ -1403,7 +1446,7 @@ fn recreate_mems(
                 // works whatever the host access flags); that is the re-injection.
                 let t = Instant::now();
                 let sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
-                let init = match (&m.kind, &sh.data) {
+                let init = match (&m.kind, sh.data()) {
                     (MemKind::Buffer | MemKind::Image { buffer: None, .. }, Some(d))
                         if m.flags & CL_MEM_USE_HOST_PTR == 0 =>
                     {
@@ -1411,8 +1454,8 @@ fn recreate_mems(
                     }
                     _ => None,
                 };
-                let pinned = match (&sh.data, init) {
-                    (Some(d), Some(_)) => inject_pinned(m, d, queues, inject)?,
+                let pinned = match (sh.data(), init) {
+                    (Some(d), Some(_)) => inject_pinned(m, d, sh.generation(), queues, inject)?,
                     _ => None,
                 };
                 match pinned {
@@ -1420,7 +1463,7 @@ fn recreate_mems(
                     None => m.base.set_vendor(memory::vendor_create(m, init)?),
                 }
                 if init.is_some() {
-                    *reinjected += sh.data.as_ref().map_or(0, |d| d.len() as u64);
+                    *reinjected += sh.data().map_or(0, |d| d.len() as u64);
                     *reinject_time += t.elapsed();
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{CString, c_void};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
@@ -199,7 +199,40 @@ pub enum MemKind {
 #[derive(Default)]
 pub struct Shadow {
     /// Whole-object contents (images: tightly packed), when known.
-    pub data: Option<crate::staging::HostBytes>,
+    data: Option<crate::staging::HostBytes>,
+    /// Changes whenever `data` may change (process-wide unique, never 0 once
+    /// set): a copy sent ahead to crane-proxy by a pre-copy is used at the
+    /// move only if the generation it was sent at is still this one.
+    generation: u64,
+}
+
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+impl Shadow {
+    /// The contents, when known.
+    pub fn data(&self) -> Option<&crate::staging::HostBytes> {
+        self.data.as_ref()
+    }
+    /// The contents, to change them.
+    pub fn data_mut(&mut self) -> Option<&mut crate::staging::HostBytes> {
+        self.bump();
+        self.data.as_mut()
+    }
+    /// Replaces the contents (None: not known), giving back the old ones.
+    pub fn replace(
+        &mut self,
+        d: Option<crate::staging::HostBytes>,
+    ) -> Option<crate::staging::HostBytes> {
+        self.bump();
+        std::mem::replace(&mut self.data, d)
+    }
+    /// Which version of the contents this is (see `generation`).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    fn bump(&mut self) {
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub struct MapRecord {

@@ -441,7 +441,11 @@ fn open_native(path: &Path) -> Result<Loaded, String> {
 }
 
 fn open_remote(addr: &str, token: &str) -> Result<Loaded, String> {
-    let s = remote::Session::open(addr, token)?;
+    // A pre-copy's session to the same proxy holds its blobs.
+    let s = match remote::ahead::take_session(addr, token) {
+        Some(s) => s,
+        None => remote::Session::open(addr, token)?,
+    };
     match remote::platforms(&s) {
         Ok(platforms) if crate::gate::is_open() => {
             // The application's own session (CRANE_MODE=remote): everything

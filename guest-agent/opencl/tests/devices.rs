@@ -338,6 +338,7 @@ fn a_move_to_a_device_that_cannot_run_a_launch_is_refused() {
             token: Some("k".into()),
             deadline_ms: 20_000,
             device: Some("cpu".into()),
+            precopy: 0,
         },
         Duration::from_secs(120),
     )

@@ -4,6 +4,9 @@
 //! after a while of the application changing its buffers again) by a
 //! suspend and a resume; the result must equal a native run's. And a pre-copy
 //! of an application that changes nothing leaves its suspend nothing to read.
+//! The same with moves to crane-proxy after a pre-copy there (buffers sent
+//! ahead while the application runs, the move writing them from what was
+//! sent).
 
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 use crane_control::{Request, Response, call, socket_path};
 
 mod common;
-use common::proxy::wait_socket;
+use common::proxy::{Proxy, wait_socket};
 use common::{Rng, finishes, long_enough, result_line, scratch, under_crane};
 
 fn ask(sock: &std::path::Path, req: &Request) -> Option<Response> {
@@ -181,4 +184,141 @@ fn precopy_is_refused_while_suspended() {
     assert!(r.ok, "{:?}", r.error);
     std::fs::write(&release, b"").unwrap();
     assert!(child.wait().unwrap().success());
+}
+
+fn to_proxy(proxy: &Proxy, precopy: u32) -> Request {
+    Request::Remote {
+        proxy: proxy.addr.clone(),
+        token: Some("k".into()),
+        deadline_ms: 20_000,
+        device: None,
+        precopy,
+    }
+}
+
+const LOCAL: Request = Request::Local {
+    deadline_ms: 20_000,
+    device: None,
+};
+
+/// Runs `app` under crane and moves it to crane-proxy with a pre-copy there
+/// (sent ahead in rounds while it runs) and back at random moments; its
+/// result line and the moves made.
+fn precopied_remote(app: &str, iters: &str, seed: u64, proxy: &Proxy) -> (String, usize) {
+    let dir = scratch(&format!("precopy-remote-{app}-{seed:x}"));
+    let child = under_crane(app, iters, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut rng = Rng(seed | 1);
+    let mut moves = 0;
+    let started = Instant::now();
+    while !waiter.is_finished() && moves < 12 && started.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
+        if !sock.exists() {
+            continue;
+        }
+        let Some(r) = ask(&sock, &to_proxy(proxy, 1 + rng.below(4) as u32)) else {
+            continue;
+        };
+        if !r.ok {
+            assert!(finishes(&waiter), "{app}: move failed: {:?}", r.error);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(rng.below(40)));
+        let Some(r) = ask(&sock, &LOCAL) else {
+            assert!(finishes(&waiter), "{app}: local not answered");
+            break;
+        };
+        assert!(r.ok, "{app}: going local failed: {:?}", r.error);
+        moves += 1;
+    }
+    let out = waiter.join().unwrap();
+    assert!(
+        out.status.success(),
+        "{app} failed under crane: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (result_line(&out.stdout), moves)
+}
+
+macro_rules! precopy_remote_test {
+    ($name:ident, $app:literal, $iters:expr) => {
+        #[test]
+        fn $name() {
+            let proxy = Proxy::start(concat!("precopy-", $app), false, &[("k", "t")]);
+            let (iters, n) = long_enough($app, $iters, 3, |iters| {
+                precopied_remote($app, iters, 0x2545f4914f6cdd1d, &proxy)
+            });
+            eprintln!(
+                "{}: {n} moves to crane-proxy with pre-copy at --iters {iters}, identical to native",
+                $app
+            );
+        }
+    };
+}
+
+// Buffers rewritten by kernels every iteration (pingpong), host writes
+// cached in RAM and maps (maps, copies), sub-buffers (whose parent is what
+// is sent) and several contexts.
+precopy_remote_test!(remote_pingpong, "pingpong", "6000");
+precopy_remote_test!(remote_maps, "maps", "3000");
+precopy_remote_test!(remote_copies, "copies", "3000");
+precopy_remote_test!(remote_subbuffers, "subbuffers", "3000");
+precopy_remote_test!(remote_multictx, "multictx", "2000");
+
+/// pingpong held halfway changes nothing: a move to crane-proxy after a
+/// pre-copy there writes every buffer from what was sent ahead and sends
+/// nothing itself; the rounds stop once one sends nothing new, and the
+/// result is the native one.
+#[test]
+fn a_precopied_idle_application_moves_to_the_proxy_sending_nothing() {
+    let proxy = Proxy::start("precopy-idle", false, &[("k", "t")]);
+    let dir = scratch("precopy-remote-held");
+    let release = dir.path().join("release");
+    let mut child = under_crane("pingpong", "600", dir.path())
+        .env("TESTAPP_HOLD", &release)
+        .env("CRANE_WRITE_CACHE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("pingpong ended before holding")
+            .unwrap();
+        if line.contains("holding at iteration") {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let r = ask(&sock, &to_proxy(&proxy, 4)).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    let sent = phase_bytes(&r, "precopy-send-1");
+    assert!(sent > 0, "nothing sent ahead: {:?}", r.phases);
+    // The second round finds nothing new and ends the pre-copy.
+    assert_eq!(phase_bytes(&r, "precopy-send-2"), 0, "{:?}", r.phases);
+    assert!(
+        !r.phases.iter().any(|p| p.name == "precopy-send-3"),
+        "{:?}",
+        r.phases
+    );
+    assert_eq!(phase_bytes(&r, "reinject-ahead"), sent, "{:?}", r.phases);
+    assert_eq!(phase_bytes(&r, "reinject"), 0, "{:?}", r.phases);
+    assert_eq!(phase_bytes(&r, "read-dirty"), 0, "{:?}", r.phases);
+    let r = ask(&sock, &LOCAL).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    rest.join().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), common::native("pingpong", "600"));
 }

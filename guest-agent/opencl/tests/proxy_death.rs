@@ -151,6 +151,7 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
         token: Some("k".into()),
         deadline_ms: 20_000,
         device: None,
+        precopy: 0,
     });
     assert!(r.ok, "moving to the proxy failed: {:?}", r.error);
     let r = ask(&Request::Checkpoint {
@@ -172,6 +173,7 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
         token: Some("k2".into()),
         deadline_ms: 20_000,
         device: None,
+        precopy: 0,
     });
     assert!(
         r.ok,

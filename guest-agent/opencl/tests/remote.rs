@@ -21,6 +21,7 @@ fn remote(proxy: &str, token: &str) -> Request {
         token: Some(token.into()),
         deadline_ms: 20_000,
         device: None,
+        precopy: 0,
     }
 }
 

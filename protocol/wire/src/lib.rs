@@ -50,7 +50,7 @@ pub mod source;
 /// Bumped on incompatible changes.
 pub const VERSION_MAJOR: u16 = 1;
 /// Bumped on compatible additions.
-pub const VERSION_MINOR: u16 = 4;
+pub const VERSION_MINOR: u16 = 5;
 
 /// The first minor version with [`Call::DescribeKernel`].
 pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
@@ -66,6 +66,10 @@ pub const MINOR_CLIENT_INCLUDES: u16 = 3;
 
 /// The first minor version with [`Call::SetQueueProperty`].
 pub const MINOR_QUEUE_PROPERTY: u16 = 4;
+
+/// The first minor version with [`Call::Stash`], [`Call::EnqueueWriteStash`]
+/// and [`Call::Unstash`] (pre-copy to crane-proxy).
+pub const MINOR_STASH: u16 = 5;
 
 /// First four bytes of every frame: "CRNW".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRNW");
@@ -686,6 +690,31 @@ pub enum Call {
         properties: u64,
         enable: bool,
     },
+    /// Pre-copy: a piece of a blob of `total` bytes that the proxy keeps
+    /// for the session under `key` (the client's choice) until
+    /// [`Call::EnqueueWriteStash`] writes it into a buffer or
+    /// [`Call::Unstash`] drops it; the session's memory limit counts it.
+    /// Payload: the piece, at `offset` in the blob. Pieces of one blob must
+    /// not overlap and must name the same total. Posted. Since 1.5.
+    Stash {
+        key: u64,
+        total: u64,
+        offset: u64,
+    },
+    /// Writes the whole of blob `key`, which every piece has reached, into
+    /// `buffer` at `offset` (a non-blocking clEnqueueWriteBuffer), and
+    /// forgets the blob. Posted. Since 1.5.
+    EnqueueWriteStash {
+        queue: Id,
+        buffer: Id,
+        offset: u64,
+        key: u64,
+        sync: Sync,
+    },
+    /// Forgets blob `key` (no error if there is none). Posted. Since 1.5.
+    Unstash {
+        key: u64,
+    },
 }
 
 /// The most devices one [`Call::DescribeKernel`] may name.
@@ -779,6 +808,9 @@ impl Call {
             DescribeKernel { .. } => "DescribeKernel",
             SetProgramSource { .. } => "clBuildProgram (source with its includes)",
             SetQueueProperty { .. } => "clSetCommandQueueProperty",
+            Stash { .. } => "Stash (pre-copy)",
+            EnqueueWriteStash { .. } => "clEnqueueWriteBuffer (pre-copied)",
+            Unstash { .. } => "Unstash (pre-copy)",
         }
     }
 }

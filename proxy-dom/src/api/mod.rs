@@ -14,6 +14,9 @@ mod kernel;
 mod memory;
 mod platform;
 mod program;
+mod stash;
+
+pub(crate) use stash::Blob;
 
 use std::ffi::{CString, c_void};
 

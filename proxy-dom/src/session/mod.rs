@@ -76,6 +76,9 @@ pub(crate) struct Session {
     pub pinned_by_queue: std::collections::HashMap<Id, Option<Arc<crate::pinned::Pool>>>,
     /// Whether the client had sent nothing beyond the call being run.
     pub client_idle: bool,
+    /// Pre-copied blobs by the client's key, and their bytes together.
+    pub(crate) stash: std::collections::HashMap<u64, crate::api::Blob>,
+    pub(crate) stash_bytes: u64,
 }
 
 /// Serves one accepted connection until it ends.
@@ -141,6 +144,8 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         pinned_pools: std::collections::HashMap::new(),
         pinned_by_queue: std::collections::HashMap::new(),
         client_idle: false,
+        stash: std::collections::HashMap::new(),
+        stash_bytes: 0,
     };
     writer.send(
         hello_seq,
@@ -371,6 +376,7 @@ fn takes_payload(call: &Call) -> bool {
             | EnqueueWriteBuffer { .. }
             | EnqueueWriteBufferRect { .. }
             | EnqueueWriteImage { .. }
+            | Stash { .. }
     )
 }
 
@@ -761,6 +767,15 @@ impl Session {
                 properties,
                 enable,
             } => self.set_queue_property(seq, queue, properties, enable),
+            Stash { key, total, offset } => self.stash(key, total, offset, payload),
+            EnqueueWriteStash {
+                queue,
+                buffer,
+                offset,
+                key,
+                sync,
+            } => self.enqueue_write_stash(queue, buffer, offset, key, &sync),
+            Unstash { key } => self.unstash(key),
         }
     }
 

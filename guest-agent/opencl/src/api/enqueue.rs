@@ -131,9 +131,10 @@ fn cache_write(mem: &Mem, off: usize, size: usize, ptr: *const c_void) {
     }
     let start = mem.root_offset() + off;
     let mut sh = root.shadow.lock().unwrap_or_else(|e| e.into_inner());
-    let data = sh
-        .data
-        .get_or_insert_with(|| crate::staging::HostBytes::zeroed(root.size));
+    if sh.data().is_none() {
+        sh.replace(Some(crate::staging::HostBytes::zeroed(root.size)));
+    }
+    let data = sh.data_mut().expect("set above");
     if start + size > data.len() {
         return;
     }

@@ -202,7 +202,10 @@ fn create_buffer(
             let data = crate::staging::HostBytes::from_slice(unsafe {
                 std::slice::from_raw_parts(p.cast::<u8>(), size)
             });
-            m.shadow.lock().unwrap_or_else(|e| e.into_inner()).data = Some(data);
+            m.shadow
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .replace(Some(data));
         } else {
             m.dirty.store(true, Ordering::Relaxed);
         }

@@ -182,7 +182,14 @@ impl Journal {
     /// application's calls); crane's own rebuild is followed by a checkpoint,
     /// which needs no copy of the memory contents it wrote.
     pub fn record(&mut self, seq: u64, call: &Call, payload: &[u8], copy: bool) -> After {
-        if self.off.is_some() || matches!(call, Call::Hello { .. } | Call::Bye) {
+        // Blobs sent ahead by a pre-copy are not the application's: a move
+        // uses them before the checkpoint that ends it.
+        if self.off.is_some()
+            || matches!(
+                call,
+                Call::Hello { .. } | Call::Bye | Call::Stash { .. } | Call::Unstash { .. }
+            )
+        {
             return After::Nothing;
         }
         // Memory contents written by crane's own rebuild are what the RAM
@@ -437,6 +444,7 @@ pub fn enqueue_sync(c: &Call) -> Option<(Id, &WSync)> {
         EnqueueNdRange { queue, sync, .. }
         | EnqueueWriteBuffer { queue, sync, .. }
         | EnqueueReadBuffer { queue, sync, .. }
+        | EnqueueWriteStash { queue, sync, .. }
         | EnqueueWriteBufferRect { queue, sync, .. }
         | EnqueueReadBufferRect { queue, sync, .. }
         | EnqueueWriteImage { queue, sync, .. }

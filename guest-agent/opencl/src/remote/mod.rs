@@ -11,6 +11,7 @@
 //! local vendor library: the proxy receives exactly the state a reload would,
 //! and only what the proxy dirtied comes back.
 
+pub mod ahead;
 pub mod api;
 pub mod check;
 pub mod fallback;

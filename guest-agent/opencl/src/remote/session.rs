@@ -1765,7 +1765,7 @@ fn fill(
         _ => return Ok(0),
     };
     let shadow = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
-    let data: &[u8] = match (&c.copy, &shadow.data) {
+    let data: &[u8] = match (&c.copy, shadow.data()) {
         (Some(copy), _) => copy,
         (None, Some(d)) => d,
         (None, None) => return Ok(0),
