@@ -17,6 +17,11 @@
  *  D: the source of A built with different values, defined in a header file
  *     it includes from a directory named with -I (written at start, removed
  *     at exit): through crane-proxy the include is resolved on this machine.
+ *  F: unit 2 as a library (clLinkProgram -create-library) linked with
+ *     unit 1; over a thousand programs are made and released first (the
+ *     last first), so that the library and the program linked from it get
+ *     recycled handles in decreasing order (a resume must still make the
+ *     library before the program linked from it).
  *  E: a program built again every 10 iterations, with and without a macro
  *     that changes what its kernel writes (as the CTS's
  *     options_build_macro_existence does; a resume may have made it from its
@@ -238,9 +243,9 @@ int main(int argc, char **argv)
     cl_bool compiler = CL_FALSE, linker = CL_FALSE;
     CK(clGetDeviceInfo(dev, CL_DEVICE_COMPILER_AVAILABLE, sizeof compiler, &compiler, NULL));
     CK(clGetDeviceInfo(dev, CL_DEVICE_LINKER_AVAILABLE, sizeof linker, &linker, NULL));
-    cl_program pc = NULL, hdr = NULL, u1 = NULL, u2 = NULL;
+    cl_program pc = NULL, hdr = NULL, u1 = NULL, u2 = NULL, lib = NULL, pf = NULL;
     const char *hname = "crane_ops.h";
-    kset kc;
+    kset kc, kf;
     if (!compiler || !linker || device_version(dev) < 12) {
         printf("SKIP programs/link no compiler/linker; using A in its place\n");
     } else {
@@ -273,9 +278,28 @@ int main(int argc, char **argv)
         }
         kernels_in_program(pc, &kc, 0);
         printf("programs: compiled and linked two units\n");
+
+        enum { JUNK = 1100 };
+        cl_program *junk = xmalloc(JUNK * sizeof *junk);
+        for (int i = 0; i < JUNK; i++) {
+            junk[i] = clCreateProgramWithSource(ctx, 1, &HEADER, NULL, &err);
+            CKE(err, "clCreateProgramWithSource");
+        }
+        for (int i = JUNK - 1; i >= 0; i--)
+            CK(clReleaseProgram(junk[i]));
+        free(junk);
+        lib = clLinkProgram(ctx, 1, &dev, "-create-library", 1, &u2, NULL, NULL, &err);
+        CKE(err, "clLinkProgram (library)");
+        cl_program with_lib[2] = {u1, lib};
+        pf = clLinkProgram(ctx, 1, &dev, "", 2, with_lib, NULL, NULL, &err);
+        CKE(err, "clLinkProgram (with a library)");
+        kernels_in_program(pf, &kf, 0);
+        printf("programs: linked a unit with a library\n");
     }
-    if (!pc)
+    if (!pc) {
         kernels_in_program(pa, &kc, 0);
+        kernels_in_program(pa, &kf, 0);
+    }
 
     /* D: different defines, from a header file found with -I */
     char ddir[] = "/tmp/crane-programs-XXXXXX", dpath[64], dopts[128];
@@ -313,8 +337,8 @@ int main(int argc, char **argv)
 
     for (int it = 0; it < iters; it++) {
         hold_if_asked("programs", it, iters);
-        kset *vars[3] = {&ka, &kb, &kc};
-        kset *v1 = vars[it % 3], *v2 = vars[(it + 1) % 3];
+        kset *vars[4] = {&ka, &kb, &kc, &kf};
+        kset *v1 = vars[it % 4], *v2 = vars[(it + 1) % 4];
         cl_uint off = (cl_uint)it * 0x61c88647u;
         pipeline(q, v1, in, t, out1, off);
         pipeline(q, v2, in, t, out2, off);
@@ -425,6 +449,7 @@ int main(int argc, char **argv)
     release_kset(&kb);
     release_kset(&kc);
     release_kset(&kd);
+    release_kset(&kf);
     CK(clReleaseProgram(pa));
     CK(clReleaseProgram(pb));
     if (pc) {
@@ -432,6 +457,8 @@ int main(int argc, char **argv)
         CK(clReleaseProgram(hdr));
         CK(clReleaseProgram(u1));
         CK(clReleaseProgram(u2));
+        CK(clReleaseProgram(lib));
+        CK(clReleaseProgram(pf));
     }
     CK(clReleaseProgram(pd));
     CK(clReleaseProgram(pe));

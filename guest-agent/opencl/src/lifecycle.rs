@@ -1472,6 +1472,34 @@ fn recreate_mems(
     Ok(())
 }
 
+/// Linked programs in an order where each comes after the linked programs
+/// among its inputs (libraries); any left in a cycle (none can be made
+/// so) come last, as they were.
+fn link_order(mut left: Vec<Arc<Program>>) -> Vec<Arc<Program>> {
+    let mut out = Vec::with_capacity(left.len());
+    loop {
+        let waits = |p: &Arc<Program>, left: &[Arc<Program>]| match &p.source {
+            ProgramSource::Linked { inputs, .. } => inputs
+                .iter()
+                .any(|i| left.iter().any(|l| Arc::ptr_eq(l, i))),
+            _ => false,
+        };
+        let before = left.len();
+        let mut i = 0;
+        while i < left.len() {
+            if waits(&left[i], &left) {
+                i += 1;
+            } else {
+                out.push(left.remove(i));
+            }
+        }
+        if left.is_empty() || left.len() == before {
+            out.extend(left);
+            return out;
+        }
+    }
+}
+
 fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
     for s in handle::live::<Sampler>() {
         s.base.set_vendor(api::sampler::vendor_create(&s)?);
@@ -1491,61 +1519,65 @@ fn recreate_rest(moved: bool, stats: &mut ProgramStats) -> ClResult<()> {
             .any(|s| matches!(s, BuildStep::Compile { headers, .. } if !headers.is_empty()))
     };
     progs.sort_by_key(|p| compiled_with_headers(p));
-    for linked in [false, true] {
-        for p in &progs {
-            if matches!(p.source, ProgramSource::Linked { .. }) != linked {
-                continue;
-            }
-            p.from_compiled.store(false, Ordering::Relaxed);
-            // A compiled program is made from the compiled object kept at
-            // suspend on the same devices and drivers (without the compiler:
-            // hundreds of compiled programs took seconds to compile again on
-            // every move; made from its source again only if the application
-            // compiles it again), and elsewhere where its compile could not
-            // read its files again (its headers are gone), unless the devices
-            // changed: that object is for the old ones. Otherwise it is
-            // compiled again from its source.
-            if !linked
-                && (program::compiled_is_current(p) || (!moved && !program::recompilable(p)))
-                && let Some((v, n)) = program::vendor_create_compiled(p)
-            {
-                p.base.set_vendor(v);
-                stats.reused_bytes += n;
-                stats.from_compiled += 1;
-                continue;
-            }
-            // Built on the same devices and drivers before: made from the
-            // executable kept at suspend, without the compiler.
-            if let Some((v, n)) = program::vendor_create_executable(p) {
-                p.base.set_vendor(v);
-                stats.reused_bytes += n;
-                stats.from_executables += 1;
-                continue;
-            }
-            stats.from_source += 1;
-            let v = program::vendor_create(p)?;
+    // Plain programs, then linked ones, each after the linked programs it
+    // was linked from (a library): handles are recycled, so slot order is
+    // not creation order (NVIDIA's test_compiler multiple_libraries under
+    // switches linked a program from a library not yet made: "id 0").
+    let (linked_progs, mut order): (Vec<_>, Vec<_>) = progs
+        .into_iter()
+        .partition(|p| matches!(p.source, ProgramSource::Linked { .. }));
+    order.extend(link_order(linked_progs));
+    for p in &order {
+        let linked = matches!(p.source, ProgramSource::Linked { .. });
+        p.from_compiled.store(false, Ordering::Relaxed);
+        // A compiled program is made from the compiled object kept at
+        // suspend on the same devices and drivers (without the compiler:
+        // hundreds of compiled programs took seconds to compile again on
+        // every move; made from its source again only if the application
+        // compiles it again), and elsewhere where its compile could not
+        // read its files again (its headers are gone), unless the devices
+        // changed: that object is for the old ones. Otherwise it is
+        // compiled again from its source.
+        if !linked
+            && (program::compiled_is_current(p) || (!moved && !program::recompilable(p)))
+            && let Some((v, n)) = program::vendor_create_compiled(p)
+        {
             p.base.set_vendor(v);
-            let replayed = p
-                .steps
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .iter()
-                .filter(|step| !(matches!(step, BuildStep::Compile { .. }) && linked))
-                .try_for_each(|step| program::replay_step(v, step));
-            if let Err(e) = replayed {
-                // The compiled object, where one was kept, rather than no
-                // program at all.
-                let Some((kept, _)) = (!linked && !moved)
-                    .then(|| program::vendor_create_compiled(p))
-                    .flatten()
-                else {
-                    return Err(e);
-                };
-                let old = p.base.take_vendor();
-                // SAFETY: the program made above, which nothing else holds.
-                unsafe { vendor::release(old, |t| t.clReleaseProgram) };
-                p.base.set_vendor(kept);
-            }
+            stats.reused_bytes += n;
+            stats.from_compiled += 1;
+            continue;
+        }
+        // Built on the same devices and drivers before: made from the
+        // executable kept at suspend, without the compiler.
+        if let Some((v, n)) = program::vendor_create_executable(p) {
+            p.base.set_vendor(v);
+            stats.reused_bytes += n;
+            stats.from_executables += 1;
+            continue;
+        }
+        stats.from_source += 1;
+        let v = program::vendor_create(p)?;
+        p.base.set_vendor(v);
+        let replayed = p
+            .steps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|step| !(matches!(step, BuildStep::Compile { .. }) && linked))
+            .try_for_each(|step| program::replay_step(v, step));
+        if let Err(e) = replayed {
+            // The compiled object, where one was kept, rather than no
+            // program at all.
+            let Some((kept, _)) = (!linked && !moved)
+                .then(|| program::vendor_create_compiled(p))
+                .flatten()
+            else {
+                return Err(e);
+            };
+            let old = p.base.take_vendor();
+            // SAFETY: the program made above, which nothing else holds.
+            unsafe { vendor::release(old, |t| t.clReleaseProgram) };
+            p.base.set_vendor(kept);
         }
     }
     stats.time = started.elapsed();
