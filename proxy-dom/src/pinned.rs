@@ -34,6 +34,8 @@ const MIN_CHUNK: usize = 64 << 10;
 /// (`CRANE_PROXY_PINNED_MIB`, 0 turns pinned staging off).
 const MAX_CHUNK: u64 = 64 << 20;
 const DEFAULT_BUDGET: u64 = 256 << 20;
+/// Pinned bytes per session for pre-copy blobs, by default.
+const DEFAULT_STASH_BUDGET: u64 = 4096 << 20;
 
 /// The pinned bytes a session may hold, idle or in use.
 #[derive(Debug)]
@@ -52,6 +54,26 @@ impl Budget {
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map_or(DEFAULT_BUDGET, |m| m.saturating_mul(1 << 20))
+        });
+        let limit = (*CONFIGURED).min(max_mem_bytes);
+        (limit >= MIN_CHUNK as u64).then(|| {
+            Arc::new(Budget {
+                used: AtomicU64::new(0),
+                limit,
+                max_chunk: MAX_CHUNK.min(limit),
+            })
+        })
+    }
+
+    /// The budget of a session's pre-copy blobs
+    /// (`CRANE_PROXY_STASH_PINNED_MIB`, or 4096 MiB, at most the session's
+    /// memory limit); None when off (0).
+    pub fn for_stash(max_mem_bytes: u64) -> Option<Arc<Budget>> {
+        static CONFIGURED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+            std::env::var("CRANE_PROXY_STASH_PINNED_MIB")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(DEFAULT_STASH_BUDGET, |m| m.saturating_mul(1 << 20))
         });
         let limit = (*CONFIGURED).min(max_mem_bytes);
         (limit >= MIN_CHUNK as u64).then(|| {

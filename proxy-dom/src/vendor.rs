@@ -287,6 +287,13 @@ impl Vendor {
         }
     }
 
+    /// The first device of the first platform that has one.
+    pub fn first_device(&self) -> Option<VPtr> {
+        self.platforms()
+            .into_iter()
+            .find_map(|p| devices(p).into_iter().next())
+    }
+
     /// The smallest `CL_DEVICE_GLOBAL_MEM_SIZE` over every device.
     pub fn smallest_global_mem(&self) -> Option<u64> {
         self.smallest_global_mem

@@ -1,8 +1,8 @@
 //! Pre-copy blobs (wire 1.5): what a client sends ahead of a move is kept
 //! for its session and written into a buffer whole; pieces out of order, a
-//! blob that is not complete or not there, and blobs past the session's
-//! memory or object limit are errors of the call alone, and the session
-//! goes on.
+//! blob that is not complete or not there, one that does not fit its
+//! buffer, and blobs past the session's memory or object limit are errors of
+//! the call alone, and the session goes on.
 
 mod common;
 
@@ -112,6 +112,40 @@ fn misused_blobs_fail_their_call_and_the_session_goes_on() {
     for key in 100..164 {
         c.post(Call::Unstash { key }, &[]);
     }
+    // A blob of several pieces written with an event (the client asks for
+    // none: it would stand for the last piece only).
+    stash(&mut c, 600, 1024, 0, &data[..512]);
+    stash(&mut c, 600, 1024, 512, &data[512..]);
+    let event = c.id();
+    let with_event = c.post(
+        Call::EnqueueWriteStash {
+            queue: env.queue,
+            buffer: buf,
+            offset: 0,
+            key: 600,
+            sync: Sync {
+                waits: vec![],
+                event,
+            },
+        },
+        &[],
+    );
+    // And a blob larger than the buffer from its offset.
+    stash(&mut c, 601, 1024, 0, &data);
+    let too_long = c.post(
+        Call::EnqueueWriteStash {
+            queue: env.queue,
+            buffer: buf,
+            offset: 1,
+            key: 601,
+            sync: Sync::default(),
+        },
+        &[],
+    );
+    assert_eq!(
+        c.sync(),
+        vec![(with_event, CL_INVALID_VALUE), (too_long, CL_INVALID_VALUE)]
+    );
     // The session goes on: a blob still works.
     stash(&mut c, 500, 1024, 0, &data);
     write_stash(&mut c, &env, buf, 500);

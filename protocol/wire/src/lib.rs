@@ -71,6 +71,11 @@ pub const MINOR_QUEUE_PROPERTY: u16 = 4;
 /// and [`Call::Unstash`] (pre-copy to crane-proxy).
 pub const MINOR_STASH: u16 = 5;
 
+/// The largest [`Call::Stash`] piece a client sends: crane-proxy keeps each
+/// piece in pinned memory of at most this size (larger ones, up to
+/// `max_payload`, are taken into ordinary memory).
+pub const STASH_PIECE: u64 = 64 << 20;
+
 /// First four bytes of every frame: "CRNW".
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CRNW");
 

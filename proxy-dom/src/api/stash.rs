@@ -2,91 +2,139 @@
 //! application still runs on its own GPU, kept in the session's memory and
 //! written into the buffers the move makes (docs/wire-protocol.md,
 //! "Pre-copy").
+//!
+//! A blob is kept as the pieces it came in, each read from the socket
+//! straight into pinned host memory where the session's stash budget allows
+//! (`CRANE_PROXY_STASH_PINNED_MIB`, default 4096, at most the session's
+//! memory limit): the write at the move then runs at the device's pinned
+//! rate (55 GB/s on the H200 against 6.7 from ordinary memory). The pinned
+//! buffers belong to a context of the proxy's own on its first device
+//! (NVIDIA's pinned memory is pinned for every context: measured), made once
+//! and never given to a session.
+
+use std::sync::{Arc, OnceLock};
 
 use crane_wire::{Id, Sync};
 use opencl_sys::*;
 
-use crate::pinned::HostBuf;
+use crate::pinned::{Budget, HostBuf, Pool};
 use crate::session::{CallError, CallResult, Session};
+use crate::vendor::{VPtr, vfn};
 
 /// A blob being received or waiting to be written.
 pub(crate) struct Blob {
-    data: Vec<u8>,
+    total: u64,
     /// Bytes received so far (pieces come in order).
     filled: u64,
+    pieces: Vec<HostBuf>,
 }
 
-/// `n` zero bytes, or None if they cannot be had. Zeroed by the allocator
-/// (calloc: large blocks come as fresh pages), so that the memory a blob
-/// holds is the memory its pieces have filled, not its announced total.
-fn zeroed(n: usize) -> Option<Vec<u8>> {
-    if n == 0 {
-        return Some(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
-    // SAFETY: a layout of non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: `p` comes from the global allocator with the layout of `n`
-    // bytes, all of them initialised (zero).
-    Some(unsafe { Vec::from_raw_parts(p, n, n) })
+/// The proxy's own context for pinned stash memory, and its device (None:
+/// none could be made; blobs then stay in ordinary memory).
+static STASH_CONTEXT: OnceLock<Option<(VPtr, VPtr)>> = OnceLock::new();
+
+fn stash_context(first_device: Option<VPtr>) -> Option<(VPtr, VPtr)> {
+    *STASH_CONTEXT.get_or_init(|| {
+        let d = first_device?;
+        let ctx = crate::warm::take(d.get().cast(), &[]).or_else(|| {
+            let f = vfn!(d.get(), clCreateContext).ok()?;
+            let mut err = CL_SUCCESS;
+            let dev: cl_device_id = d.get().cast();
+            // SAFETY: one live device, no properties, no callback.
+            let c = unsafe {
+                f(
+                    std::ptr::null(),
+                    1,
+                    &dev,
+                    None,
+                    std::ptr::null_mut(),
+                    &mut err,
+                )
+            };
+            (err == CL_SUCCESS && !c.is_null()).then(|| VPtr(c.cast()))
+        })?;
+        Some((ctx, d))
+    })
 }
 
 impl Session {
+    /// Pinned memory for a stash piece of `len` bytes, if the session's
+    /// stash budget and the vendor allow.
+    pub(crate) fn stash_staging(&mut self, len: u64) -> Option<HostBuf> {
+        if self.stash_pool.is_none() {
+            let made = Budget::for_stash(self.shared.limits.max_mem_bytes)
+                .ok_or("the stash budget is 0")
+                .and_then(|budget| {
+                    let (ctx, dev) = stash_context(self.shared.vendor.first_device())
+                        .ok_or("no context could be made for it")?;
+                    Pool::new(ctx, dev, budget).ok_or("the vendor made no queue for it")
+                });
+            if let Err(why) = &made {
+                log::info!(
+                    "session {}: pre-copy blobs are kept in ordinary memory: {why}",
+                    self.id
+                );
+            }
+            self.stash_pool = Some(made.ok());
+        }
+        let pool: &Arc<Pool> = self.stash_pool.as_ref()?.as_ref()?;
+        let got = pool.take(usize::try_from(len).ok()?).map(HostBuf::Pinned);
+        if got.is_none() {
+            log::debug!(
+                "session {}: a pre-copy piece of {len} bytes in ordinary memory (budget spent or too large)",
+                self.id
+            );
+        }
+        got
+    }
+
     /// One piece of blob `key`. Pieces come in order; the session's memory
-    /// limit bounds the blobs together, its object limit their number.
+    /// limit bounds the bytes the blobs hold together, its object limit
+    /// their number.
     pub(crate) fn stash(
         &mut self,
         key: u64,
         total: u64,
         offset: u64,
-        piece: Vec<u8>,
+        piece: HostBuf,
     ) -> CallResult {
         let len = piece.len() as u64;
         let end = offset
             .checked_add(len)
             .ok_or(CallError::Cl(CL_INVALID_VALUE))?;
-        if end > total {
-            return Err(CallError::Cl(CL_INVALID_VALUE));
-        }
-        if let Some(b) = self.stash.get_mut(&key) {
-            if b.data.len() as u64 != total || offset != b.filled {
-                return Err(CallError::Cl(CL_INVALID_VALUE));
-            }
-            b.data[offset as usize..end as usize].copy_from_slice(&piece);
-            b.filled = end;
-            return Ok(());
-        }
-        if offset != 0 {
+        if end > total || len == 0 {
             return Err(CallError::Cl(CL_INVALID_VALUE));
         }
         let limits = self.shared.limits;
-        if self.stash.len() as u64 >= limits.max_objects {
+        let known = self.stash.contains_key(&key);
+        if !known && offset != 0 {
+            return Err(CallError::Cl(CL_INVALID_VALUE));
+        }
+        if !known && self.stash.len() as u64 >= limits.max_objects {
             return Err(CallError::Cl(CL_OUT_OF_RESOURCES));
         }
-        if self.stash_bytes.saturating_add(total) > limits.max_mem_bytes {
+        if self.stash_bytes.saturating_add(len) > limits.max_mem_bytes {
             return Err(CallError::Cl(CL_OUT_OF_HOST_MEMORY));
         }
-        let total_usize =
-            usize::try_from(total).map_err(|_| CallError::Cl(CL_OUT_OF_HOST_MEMORY))?;
-        // The whole blob in one piece (the usual case below the frame
-        // limit) is kept as it came.
-        let data = if len == total {
-            piece
-        } else {
-            let mut d = zeroed(total_usize).ok_or(CallError::Cl(CL_OUT_OF_HOST_MEMORY))?;
-            d[..len as usize].copy_from_slice(&piece);
-            d
-        };
-        self.stash_bytes += total;
-        self.stash.insert(key, Blob { data, filled: end });
+        let b = self.stash.entry(key).or_insert(Blob {
+            total,
+            filled: 0,
+            pieces: Vec::new(),
+        });
+        if b.total != total || offset != b.filled {
+            return Err(CallError::Cl(CL_INVALID_VALUE));
+        }
+        b.filled = end;
+        b.pieces.push(piece);
+        self.stash_bytes += len;
         Ok(())
     }
 
-    /// Writes blob `key`, complete, into `buffer` at `offset` and forgets
-    /// it (an incomplete one is forgotten too, and the write fails).
+    /// Writes blob `key`, complete, into `buffer` at `offset` (a
+    /// non-blocking write per piece, each freed when it completes) and
+    /// forgets it; an incomplete one is forgotten too, and the write fails.
+    /// The wait list holds for every piece; an event only for a blob of one
+    /// piece.
     pub(crate) fn enqueue_write_stash(
         &mut self,
         queue: Id,
@@ -99,18 +147,27 @@ impl Session {
             .stash
             .remove(&key)
             .ok_or(CallError::Cl(CL_INVALID_VALUE))?;
-        let total = b.data.len() as u64;
-        self.stash_bytes -= total;
-        if b.filled != total {
+        self.stash_bytes -= b.filled;
+        if b.filled != b.total || (sync.event != 0 && b.pieces.len() > 1) {
             return Err(CallError::Cl(CL_INVALID_VALUE));
         }
-        self.enqueue_write_buffer(queue, buffer, offset, total, sync, HostBuf::Heap(b.data))
+        let (_, extent) = self.buffer(buffer)?;
+        if offset.checked_add(b.total).is_none_or(|end| end > extent) {
+            return Err(CallError::Cl(CL_INVALID_VALUE));
+        }
+        let mut at = offset;
+        for piece in b.pieces {
+            let len = piece.len() as u64;
+            self.enqueue_write_buffer(queue, buffer, at, len, sync, piece)?;
+            at += len;
+        }
+        Ok(())
     }
 
     /// Forgets blob `key`, if there is one.
     pub(crate) fn unstash(&mut self, key: u64) -> CallResult {
         if let Some(b) = self.stash.remove(&key) {
-            self.stash_bytes -= b.data.len() as u64;
+            self.stash_bytes -= b.filled;
         }
         Ok(())
     }

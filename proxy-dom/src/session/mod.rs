@@ -79,6 +79,9 @@ pub(crate) struct Session {
     /// Pre-copied blobs by the client's key, and their bytes together.
     pub(crate) stash: std::collections::HashMap<u64, crate::api::Blob>,
     pub(crate) stash_bytes: u64,
+    /// Pinned memory for blobs (`api::stash`), made at the first one
+    /// (inside None: it could not be).
+    pub(crate) stash_pool: Option<Option<Arc<crate::pinned::Pool>>>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -146,6 +149,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         client_idle: false,
         stash: std::collections::HashMap::new(),
         stash_bytes: 0,
+        stash_pool: None,
     };
     writer.send(
         hello_seq,
@@ -433,6 +437,7 @@ impl Session {
                 | Call::EnqueueWriteImage { queue, .. } => {
                     self.pinned_staging(*queue, h.payload_len)
                 }
+                Call::Stash { .. } => self.stash_staging(h.payload_len),
                 _ => None,
             };
             let read = match pinned {
@@ -494,7 +499,10 @@ impl Session {
         // Only transfers' payloads can be pinned (and stay so).
         let transfer = matches!(
             call,
-            EnqueueWriteBuffer { .. } | EnqueueWriteBufferRect { .. } | EnqueueWriteImage { .. }
+            EnqueueWriteBuffer { .. }
+                | EnqueueWriteBufferRect { .. }
+                | EnqueueWriteImage { .. }
+                | Stash { .. }
         );
         let (payload, staged) = if transfer {
             (Vec::new(), payload)
@@ -767,7 +775,7 @@ impl Session {
                 properties,
                 enable,
             } => self.set_queue_property(seq, queue, properties, enable),
-            Stash { key, total, offset } => self.stash(key, total, offset, payload),
+            Stash { key, total, offset } => self.stash(key, total, offset, staged),
             EnqueueWriteStash {
                 queue,
                 buffer,

@@ -186,7 +186,7 @@ fn session_for(addr: &str, token: &str) -> Result<Arc<Session>, String> {
 /// Sends every eligible RAM copy not sent at its present generation;
 /// returns the bytes sent.
 fn send_changed(session: &Session) -> Result<u64, String> {
-    let limit = (session.limits.max_payload as usize).max(1);
+    let limit = session.limits.max_payload.clamp(1, crane_wire::STASH_PIECE) as usize;
     let mut bytes = 0u64;
     for m in handle::live::<Mem>() {
         if !eligible(&m) {
