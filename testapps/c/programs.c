@@ -11,9 +11,10 @@
  *     embedded header (input_headers / header_include_names), then
  *     clLinkProgram; the helper function lives in the other unit. The
  *     header program is made after the units. The units stay: every 10
- *     iterations unit 1 is compiled again and the two linked again (a
- *     resume may have made them from their compiled objects; compiling
- *     again must still work, and the build status read success).
+ *     iterations unit 1 is compiled again and linked again with unit 2
+ *     made from its binary (a resume may have made them from their
+ *     compiled objects; compiling again must still work, the build status
+ *     read success and the binary be given).
  *  D: the source of A built with different values, defined in a header file
  *     it includes from a directory named with -I (written at start, removed
  *     at exit): through crane-proxy the include is resolved on this machine.
@@ -428,9 +429,25 @@ int main(int argc, char **argv)
                 print_build_log(u1, dev);
                 die_cl("clCompileProgram (again)", err);
             }
-            cl_program units[2] = {u1, u2};
+            /* Unit 2 through its binary, as the CTS's
+             * execute_after_serialize_reload_object does. */
+            size_t u2size = 0;
+            CK(clGetProgramInfo(u2, CL_PROGRAM_BINARY_SIZES, sizeof u2size, &u2size, NULL));
+            if (u2size == 0)
+                fail("a compiled unit's binary size is 0");
+            unsigned char *u2bin = xmalloc(u2size);
+            unsigned char *u2bins[1] = {u2bin};
+            CK(clGetProgramInfo(u2, CL_PROGRAM_BINARIES, sizeof u2bins, u2bins, NULL));
+            cl_int st;
+            const unsigned char *cu2bin = u2bin;
+            cl_program u2again = clCreateProgramWithBinary(ctx, 1, &dev, &u2size, &cu2bin, &st, &err);
+            CKE(err, "clCreateProgramWithBinary (compiled unit)");
+            CKE(st, "clCreateProgramWithBinary (compiled unit)");
+            free(u2bin);
+            cl_program units[2] = {u1, u2again};
             cl_program again = clLinkProgram(ctx, 1, &dev, "", 2, units, NULL, NULL, &err);
             CKE(err, "clLinkProgram (again)");
+            CK(clReleaseProgram(u2again));
             release_kset(&kc);
             CK(clReleaseProgram(pc));
             pc = again;

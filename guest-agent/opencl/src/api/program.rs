@@ -503,6 +503,34 @@ fn vendor_binaries(v: *mut c_void) -> ClResult<Vec<Vec<u8>>> {
     Ok(bins)
 }
 
+/// The program's binaries, one per device of the vendor program: those of
+/// the compiled object it was made from at a resume (PoCL 3.1 gives none
+/// for a program made from a binary: the CTS's
+/// execute_after_serialize_reload_object failed with CL_INVALID_PROGRAM
+/// after a move), else the vendor's.
+fn binaries_now(p: &Program, v: *mut c_void) -> ClResult<Vec<Vec<u8>>> {
+    if p.from_compiled.load(Ordering::Acquire)
+        && let Some(c) = p
+            .compiled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+    {
+        let devices = program_info_vec(v, CL_PROGRAM_DEVICES, std::ptr::null_mut::<c_void>())?;
+        return Ok(devices
+            .iter()
+            .map(|&vd| {
+                c.binaries
+                    .iter()
+                    .find(|(d, _, _)| d.base.vendor() == vd)
+                    .map(|(_, _, b)| b.clone())
+                    .unwrap_or_default()
+            })
+            .collect());
+    }
+    vendor_binaries(v)
+}
+
 /// Whether the application's options leave kernel argument information out.
 /// "Kernel argument information is only available if the program object
 /// associated with kernel is created with clCreateProgramWithSource and the
@@ -1222,7 +1250,7 @@ pub unsafe extern "C" fn clGetProgramInfo(
                 )
             }
             CL_PROGRAM_BINARY_SIZES => {
-                let bins = vendor_binaries(v)?;
+                let bins = binaries_now(prog, v)?;
                 let sizes: Vec<usize> = bins.iter().map(Vec::len).collect();
                 write_info(bytes_of_slice(&sizes), size, value, size_ret)?;
                 *prog
@@ -1238,7 +1266,7 @@ pub unsafe extern "C" fn clGetProgramInfo(
                     .unwrap_or_else(|e| e.into_inner());
                 let bins = match reported.as_ref() {
                     Some(b) => b,
-                    None => reported.insert(vendor_binaries(v)?),
+                    None => reported.insert(binaries_now(prog, v)?),
                 };
                 let need = bins.len() * size_of::<*mut u8>();
                 if !value.is_null() {
