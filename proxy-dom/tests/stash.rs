@@ -154,3 +154,61 @@ fn misused_blobs_fail_their_call_and_the_session_goes_on() {
     let (a, _) = c.call(Call::Sync, &[]);
     assert_eq!(a, Answer::Status(0));
 }
+
+/// Figures, not a test (`--ignored --nocapture` on a GPU machine): the
+/// proxy's writes of pre-copied blobs into new buffers, as a move makes
+/// them (create, write from the blob; one Finish), per buffer, against the
+/// same bytes sent with each write.
+#[test]
+#[ignore]
+fn figures_pre_copied_writes_into_new_buffers() {
+    let p = TestProxy::start(|_| {});
+    let mut c = p.client(TOKEN_A);
+    // As a move does it: the blobs come before the session has a context
+    // (`CRANE_FIGURES_CONTEXT_FIRST=1`: after).
+    let first = std::env::var_os("CRANE_FIGURES_CONTEXT_FIRST").is_some();
+    let mut env = first.then(|| setup(&mut c));
+    for (n, mib) in [(32u64, 8u64), (32, 32)] {
+        let len = mib << 20;
+        let data = pattern(len as usize, 9);
+        for k in 0..n {
+            stash(&mut c, mib * 1000 + k, len, 0, &data);
+        }
+        assert_eq!(c.sync(), vec![]);
+        let env = env.get_or_insert_with(|| setup(&mut c));
+        for ahead in [true, false] {
+            let t = std::time::Instant::now();
+            let mut bufs = Vec::new();
+            for k in 0..n {
+                let b = create_buffer(&mut c, env, CL_MEM_READ_WRITE, len, None);
+                if ahead {
+                    write_stash(&mut c, env, b, mib * 1000 + k);
+                } else {
+                    c.post(
+                        Call::EnqueueWriteBuffer {
+                            queue: env.queue,
+                            buffer: b,
+                            offset: 0,
+                            size: len,
+                            sync: Sync::default(),
+                        },
+                        &data,
+                    );
+                }
+                bufs.push(b);
+            }
+            let (a, _) = c.call(Call::Finish { queue: env.queue }, &[]);
+            assert_eq!(a, Answer::Status(0));
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            println!(
+                "{n} new buffers of {mib} MiB written {}: {ms:.1} ms, {:.2} ms per buffer",
+                if ahead { "from blobs" } else { "with the data" },
+                ms / n as f64
+            );
+            assert_eq!(c.sync(), vec![]);
+            for b in bufs {
+                c.post(Call::Release { id: b }, &[]);
+            }
+        }
+    }
+}
