@@ -37,6 +37,14 @@ const DEFAULT_BUDGET: u64 = 256 << 20;
 /// Pinned bytes per session for pre-copy blobs, by default.
 const DEFAULT_STASH_BUDGET: u64 = 4096 << 20;
 
+/// Bytes from the environment variable `var` (MiB), else `default`.
+fn configured(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(default, |m| m.saturating_mul(1 << 20))
+}
+
 /// The pinned bytes a session may hold, idle or in use.
 #[derive(Debug)]
 pub(crate) struct Budget {
@@ -49,20 +57,9 @@ impl Budget {
     /// The session's budget: `CRANE_PROXY_PINNED_MIB` (or 256 MiB), at most
     /// the session's memory limit; None when pinned staging is off.
     pub fn for_session(max_mem_bytes: u64) -> Option<Arc<Budget>> {
-        static CONFIGURED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-            std::env::var("CRANE_PROXY_PINNED_MIB")
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(DEFAULT_BUDGET, |m| m.saturating_mul(1 << 20))
-        });
-        let limit = (*CONFIGURED).min(max_mem_bytes);
-        (limit >= MIN_CHUNK as u64).then(|| {
-            Arc::new(Budget {
-                used: AtomicU64::new(0),
-                limit,
-                max_chunk: MAX_CHUNK.min(limit),
-            })
-        })
+        static CONFIGURED: std::sync::LazyLock<u64> =
+            std::sync::LazyLock::new(|| configured("CRANE_PROXY_PINNED_MIB", DEFAULT_BUDGET));
+        Self::within(*CONFIGURED, max_mem_bytes)
     }
 
     /// The budget of a session's pre-copy blobs
@@ -70,12 +67,15 @@ impl Budget {
     /// memory limit); None when off (0).
     pub fn for_stash(max_mem_bytes: u64) -> Option<Arc<Budget>> {
         static CONFIGURED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
-            std::env::var("CRANE_PROXY_STASH_PINNED_MIB")
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(DEFAULT_STASH_BUDGET, |m| m.saturating_mul(1 << 20))
+            configured("CRANE_PROXY_STASH_PINNED_MIB", DEFAULT_STASH_BUDGET)
         });
-        let limit = (*CONFIGURED).min(max_mem_bytes);
+        Self::within(*CONFIGURED, max_mem_bytes)
+    }
+
+    /// A budget of `configured` bytes, at most `max_mem_bytes`; None below
+    /// one chunk.
+    fn within(configured: u64, max_mem_bytes: u64) -> Option<Arc<Budget>> {
+        let limit = configured.min(max_mem_bytes);
         (limit >= MIN_CHUNK as u64).then(|| {
             Arc::new(Budget {
                 used: AtomicU64::new(0),

@@ -108,6 +108,23 @@ precopy_test!(copies, "3000");
 precopy_test!(subbuffers, "3000");
 precopy_test!(multictx, "2000");
 
+/// Reads pingpong's standard error until it says it holds; the rest is
+/// drained by the thread returned.
+fn wait_holding(child: &mut std::process::Child) -> std::thread::JoinHandle<usize> {
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("pingpong ended before holding")
+            .unwrap();
+        if line.contains("holding at iteration") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.map_while(Result::ok).count())
+}
+
 /// pingpong held halfway changes no buffer: after a pre-copy has read what
 /// its kernels wrote, a suspend has nothing left to read, and the result is
 /// still the native one.
@@ -127,18 +144,7 @@ fn a_precopied_idle_application_leaves_its_suspend_nothing_to_read() {
     let sock = socket_path(dir.path(), child.id());
     wait_socket(&sock);
     // Until it says it holds (its kernels have run, its buffers are dirty).
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("pingpong ended before holding")
-            .unwrap();
-        if line.contains("holding at iteration") {
-            break;
-        }
-    }
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let rest = wait_holding(&mut child);
     let st = ask(&sock, &Request::Status).and_then(|r| r.status).unwrap();
     assert!(st.dirty_bytes > 0, "nothing dirty to pre-copy: {st:?}");
     let deadline_ms = 20_000;
@@ -288,18 +294,7 @@ fn a_precopied_idle_application_moves_to_the_proxy_sending_nothing() {
         .unwrap();
     let sock = socket_path(dir.path(), child.id());
     wait_socket(&sock);
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("pingpong ended before holding")
-            .unwrap();
-        if line.contains("holding at iteration") {
-            break;
-        }
-    }
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let rest = wait_holding(&mut child);
     let r = ask(&sock, &to_proxy(&proxy, 4)).unwrap();
     assert!(r.ok, "{:?}", r.error);
     let sent = phase_bytes(&r, "precopy-send-1");

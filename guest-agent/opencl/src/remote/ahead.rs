@@ -187,6 +187,14 @@ fn session_for(addr: &str, token: &str) -> Result<Arc<Session>, String> {
 /// returns the bytes sent.
 fn send_changed(session: &Session) -> Result<u64, String> {
     let limit = session.limits.max_payload.clamp(1, crane_wire::STASH_PIECE) as usize;
+    let failed = |e: cl_int| {
+        session.broken().unwrap_or_else(|| {
+            format!(
+                "sending ahead failed with OpenCL error {}",
+                crate::entry::error_text(e)
+            )
+        })
+    };
     let mut bytes = 0u64;
     for m in handle::live::<Mem>() {
         if !eligible(&m) {
@@ -219,14 +227,7 @@ fn send_changed(session: &Session) -> Result<u64, String> {
                     &data[offset..offset + len],
                     false,
                 )
-                .map_err(|e| {
-                    session.broken().unwrap_or_else(|| {
-                        format!(
-                            "sending ahead failed with OpenCL error {}",
-                            crate::entry::error_text(e)
-                        )
-                    })
-                })?;
+                .map_err(failed)?;
             offset += len;
             if offset >= data.len() {
                 break;
@@ -241,14 +242,7 @@ fn send_changed(session: &Session) -> Result<u64, String> {
             a.sent.insert(key_of, Sent { key, generation });
         }
     }
-    session.flush().map_err(|e| {
-        session.broken().unwrap_or_else(|| {
-            format!(
-                "sending ahead failed with OpenCL error {}",
-                crate::entry::error_text(e)
-            )
-        })
-    })?;
+    session.flush().map_err(failed)?;
     Ok(bytes)
 }
 
