@@ -12,9 +12,11 @@
  *
  * NVIDIA H200 (580.159.04): 55.2 / 55.1 / 6.7 GB/s (A's memory is pinned
  * for B too), and 0.16 ms per new buffer from either pinned memory against
- * 1.35-1.55 from malloc. Both contexts exist before A's memory is
- * allocated here; into a context made after it, writes ran at about the
- * rate of ordinary memory (proxy-dom/tests/stash.rs, the --ignored figures). */
+ * 1.35-1.55 from malloc. Whether A's memory is allocated before or after B
+ * is made makes no difference; a context being made by another thread
+ * while the writes run does: 1.24-1.39 ms per buffer (why crane-proxy
+ * makes a warm context's replacement after the move's rebuild, not when
+ * the move takes it: proxy-dom/src/warm.rs). */
 #define CL_TARGET_OPENCL_VERSION 300
 #include <CL/cl.h>
 #include <stdio.h>

@@ -153,16 +153,63 @@ fn platform_of(device: cl_device_id) -> Option<cl_platform_id> {
     (rc == CL_SUCCESS && !p.is_null()).then_some(p)
 }
 
-/// A ready context for exactly this device and these properties; a
-/// replacement is started either way, so the next asker finds one.
-pub(crate) fn take(device: cl_device_id, props: &[cl_context_properties]) -> Option<VPtr> {
+/// A replacement owed for a warm context a session took (or for a key it
+/// asked for that had none ready). The session starts it once its calls
+/// so far have run ([`Refill::start`] at its next `Sync`, or at its end),
+/// not at the take: a move's rebuild takes the warm context and then writes
+/// every buffer, and while the driver makes a context every transfer on
+/// the device runs about eight times slower (NVIDIA H200: 32 writes of 8 MiB
+/// from pinned memory 1.24-1.39 ms each against 0.16, benches/pinned-contexts.c).
+#[must_use = "a refill does nothing until started"]
+pub(crate) struct Refill {
+    device: VPtr,
+    key: Key,
+}
+
+impl Refill {
+    /// Starts making the replacement in the background, unless one is
+    /// ready or being made.
+    pub fn start(self) {
+        fill_key(self.device.get().cast(), self.key);
+    }
+}
+
+/// A ready context for exactly this device and these properties, if any,
+/// and the replacement owed for it (None when warm contexts are off).
+pub(crate) fn take(
+    device: cl_device_id,
+    props: &[cl_context_properties],
+) -> (Option<VPtr>, Option<Refill>) {
     if !enabled() {
-        return None;
+        return (None, None);
     }
     let k = key(device, props);
     let got = CONTEXTS.take(&k);
-    fill_key(device, k);
-    got
+    (
+        got,
+        Some(Refill {
+            device: VPtr(device.cast()),
+            key: k,
+        }),
+    )
+}
+
+/// Contexts ready, over every key, and keys whose context is being made
+/// (for tests and operators' diagnostics).
+pub fn counts() -> (usize, usize) {
+    let ready = CONTEXTS
+        .ready
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .map(Vec::len)
+        .sum();
+    let filling = CONTEXTS
+        .filling
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .len();
+    (ready, filling)
 }
 
 /// Starts making a context for `device` with `props` in the background,

@@ -157,25 +157,22 @@ fn misused_blobs_fail_their_call_and_the_session_goes_on() {
 
 /// Figures, not a test (`--ignored --nocapture` on a GPU machine): the
 /// proxy's writes of pre-copied blobs into new buffers, as a move makes
-/// them (create, write from the blob; one Finish), per buffer, against the
-/// same bytes sent with each write.
+/// them (the blobs first; then the context, buffers and writes posted
+/// without a Sync, one Finish), per buffer, against the same bytes sent
+/// with each write.
 #[test]
 #[ignore]
 fn figures_pre_copied_writes_into_new_buffers() {
     let p = TestProxy::start(|_| {});
     let mut c = p.client(TOKEN_A);
-    // As a move does it: the blobs come before the session has a context
-    // (`CRANE_FIGURES_CONTEXT_FIRST=1`: after).
-    let first = std::env::var_os("CRANE_FIGURES_CONTEXT_FIRST").is_some();
-    let mut env = first.then(|| setup(&mut c));
+    let mut env = None;
     for (n, mib) in [(32u64, 8u64), (32, 32)] {
         let len = mib << 20;
         let data = pattern(len as usize, 9);
         for k in 0..n {
             stash(&mut c, mib * 1000 + k, len, 0, &data);
         }
-        assert_eq!(c.sync(), vec![]);
-        let env = env.get_or_insert_with(|| setup(&mut c));
+        let env = env.get_or_insert_with(|| setup_posted(&mut c));
         for ahead in [true, false] {
             let t = std::time::Instant::now();
             let mut bufs = Vec::new();
@@ -210,5 +207,46 @@ fn figures_pre_copied_writes_into_new_buffers() {
                 c.post(Call::Release { id: b }, &[]);
             }
         }
+    }
+}
+
+/// [`setup`] as a move's rebuild does it: the context and queue posted, no
+/// Sync (a Sync would start the warm context's replacement, and with it a
+/// slower device while it is made).
+fn setup_posted(c: &mut Client) -> Env {
+    let (platform, device, context, queue) = (c.id(), c.id(), c.id(), c.id());
+    let (a, _) = c.call(Call::GetPlatformIds { ids: vec![platform] }, &[]);
+    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
+    let (a, _) = c.call(
+        Call::GetDeviceIds {
+            platform,
+            device_type: CL_DEVICE_TYPE_ALL,
+            ids: vec![device],
+        },
+        &[],
+    );
+    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
+    c.post(
+        Call::CreateContext {
+            id: context,
+            props: vec![CL_CONTEXT_PLATFORM, platform],
+            devices: vec![device],
+        },
+        &[],
+    );
+    c.post(
+        Call::CreateQueue {
+            id: queue,
+            context,
+            device,
+            props: vec![],
+        },
+        &[],
+    );
+    Env {
+        platform,
+        device,
+        context,
+        queue,
     }
 }

@@ -48,10 +48,14 @@ impl Session {
             let first = *devices.first().ok_or(CallError::Cl(CL_INVALID_VALUE))?;
             // One made ahead for exactly this device and these properties
             // (crate::warm): a move here does not wait for the driver's.
-            if devices.len() == 1
-                && let Some(c) = crate::warm::take(first, &props)
-            {
-                return Ok((c, Detail::Plain));
+            // Its replacement waits until the session's calls so far have
+            // run (`Session::warm_refills`).
+            if devices.len() == 1 {
+                let (ready, refill) = crate::warm::take(first, &props);
+                s.warm_refills.extend(refill);
+                if let Some(c) = ready {
+                    return Ok((c, Detail::Plain));
+                }
             }
             let f = vfn!(first, clCreateContext)?;
             let mut err = CL_SUCCESS;

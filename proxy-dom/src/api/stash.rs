@@ -34,11 +34,9 @@ pub(crate) struct Blob {
 static STASH_CONTEXT: OnceLock<Option<(VPtr, VPtr)>> = OnceLock::new();
 
 /// Made for the stash alone, never one of the warm contexts (`crate::warm`):
-/// on NVIDIA, pinned memory is pinned for the contexts that existed when it
-/// was allocated, and a move's context is the warm one made before the
-/// blobs; taking it here would leave the session a context made after them,
-/// into which writes from the blobs ran at the rate of ordinary memory (1.2
-/// ms per 8 MiB buffer against 0.19: `figures_pre_copied_writes_into_new_buffers`).
+/// a move takes the warm context, which the stash would otherwise have
+/// taken, leaving the move to wait for a context of its own (~100 ms on
+/// NVIDIA).
 fn stash_context(first_device: Option<VPtr>) -> Option<(VPtr, VPtr)> {
     *STASH_CONTEXT.get_or_init(|| {
         let d = first_device?;

@@ -82,6 +82,10 @@ pub(crate) struct Session {
     /// Pinned memory for blobs (`api::stash`), made at the first one
     /// (inside None: it could not be).
     pub(crate) stash_pool: Option<Option<Arc<crate::pinned::Pool>>>,
+    /// Warm contexts owed for those the session took, started at its next
+    /// `Sync` (after a move's rebuild and its writes: making a context
+    /// slows every transfer on the device while it runs) or at its end.
+    pub(crate) warm_refills: Vec<crate::warm::Refill>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -150,6 +154,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         stash: std::collections::HashMap::new(),
         stash_bytes: 0,
         stash_pool: None,
+        warm_refills: Vec::new(),
     };
     writer.send(
         hello_seq,
@@ -184,6 +189,9 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         }
         End::Lost(why) => limited!(Level::Info, "session {id} (tenant {tenant}) lost: {why}"),
         End::Eof | End::Bye => {}
+    }
+    for r in session.warm_refills.drain(..) {
+        r.start();
     }
     let started = Instant::now();
     let mut drained = true;
@@ -766,6 +774,9 @@ impl Session {
                 // Calls run in order on this thread: everything before this
                 // one has run, and its failures have been sent.
                 self.reply(seq, &Answer::Status(CL_SUCCESS), &[]);
+                for r in self.warm_refills.drain(..) {
+                    r.start();
+                }
                 Ok(())
             }
             DescribeKernel { kernel, devices } => self.describe_kernel(seq, kernel, &devices),
