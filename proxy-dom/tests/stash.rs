@@ -215,7 +215,12 @@ fn figures_pre_copied_writes_into_new_buffers() {
 /// slower device while it is made).
 fn setup_posted(c: &mut Client) -> Env {
     let (platform, device, context, queue) = (c.id(), c.id(), c.id(), c.id());
-    let (a, _) = c.call(Call::GetPlatformIds { ids: vec![platform] }, &[]);
+    let (a, _) = c.call(
+        Call::GetPlatformIds {
+            ids: vec![platform],
+        },
+        &[],
+    );
     assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
     let (a, _) = c.call(
         Call::GetDeviceIds {

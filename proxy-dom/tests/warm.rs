@@ -34,7 +34,12 @@ fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
     let (ready, _) = warm::counts();
     let mut c = p.client(TOKEN_A);
     let platform = c.id();
-    let (a, _) = c.call(Call::GetPlatformIds { ids: vec![platform] }, &[]);
+    let (a, _) = c.call(
+        Call::GetPlatformIds {
+            ids: vec![platform],
+        },
+        &[],
+    );
     assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
     let device = c.id();
     let (a, _) = c.call(
@@ -66,13 +71,24 @@ fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
         &[],
     );
     assert_eq!(a, Answer::Info(0));
-    assert_eq!(warm::counts(), (ready - 1, 0), "taken, and not refilled before a Sync");
+    assert_eq!(
+        warm::counts(),
+        (ready - 1, 0),
+        "taken, and not refilled before a Sync"
+    );
     assert_eq!(c.sync(), vec![]);
-    wait_for("the replacement after the Sync", || warm::counts() == (ready, 0));
+    wait_for("the replacement after the Sync", || {
+        warm::counts() == (ready, 0)
+    });
     // A session that ends without a Sync still starts what it owes.
     let mut d = p.client(TOKEN_A);
     let env_ids = (d.id(), d.id(), d.id());
-    let (a, _) = d.call(Call::GetPlatformIds { ids: vec![env_ids.0] }, &[]);
+    let (a, _) = d.call(
+        Call::GetPlatformIds {
+            ids: vec![env_ids.0],
+        },
+        &[],
+    );
     assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
     let (a, _) = d.call(
         Call::GetDeviceIds {

@@ -65,14 +65,16 @@ pub struct Args {
     pub moves: Option<String>,
     /// Which of the kinds to run: `suspend` (suspend+resume), `precopy`
     /// (pre-copy, then suspend+resume), `remote` (to crane-proxy and back),
-    /// `pc-remote` (to crane-proxy after a pre-copy there, and back).
+    /// `pc-remote` (to crane-proxy after a pre-copy there, and back after a
+    /// pre-copy on the way back: steps `pc-remote` and `pc-local`).
     #[arg(
         long,
         default_value = "suspend,precopy,remote,pc-remote",
         value_delimiter = ','
     )]
     pub steps: Vec<String>,
-    /// The most rounds of a pre-copy to crane-proxy (`pc-remote`).
+    /// The most rounds of a pre-copy to or from crane-proxy (`pc-remote`,
+    /// `pc-local`).
     #[arg(long, default_value_t = 4)]
     pub precopy_rounds: u32,
 }
@@ -339,6 +341,7 @@ pub fn main(
                         &Request::Local {
                             deadline_ms,
                             device: None,
+                            precopy,
                         },
                     )?;
                     std::thread::sleep(Duration::from_millis(200));
@@ -361,6 +364,7 @@ pub fn main(
                         &Request::Local {
                             deadline_ms,
                             device: Some((*spec).to_owned()),
+                            precopy: 0,
                         },
                     )?;
                     std::thread::sleep(Duration::from_millis(200));

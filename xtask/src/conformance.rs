@@ -456,6 +456,7 @@ fn inject(
             Request::Local {
                 deadline_ms,
                 device: None,
+                precopy: 0,
             },
         ),
         _ => (Request::Suspend { deadline_ms }, Request::RESUME),

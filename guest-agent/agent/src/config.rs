@@ -42,10 +42,12 @@ pub struct Config {
     /// memory while they run on (`cranectl precopy`), so that the stop reads
     /// only what they changed since; for a live migration also to
     /// crane-proxy (`cranectl remote --precopy`), so that the move sends
-    /// only that.
+    /// only that, and back from it after the migration (`cranectl local
+    /// --precopy`: the local vendor made ready and what the proxy changed
+    /// read while the process runs on there).
     pub precopy: bool,
-    /// The most rounds of a pre-copy to crane-proxy (each sends what the
-    /// process changed during the one before).
+    /// The most rounds of a pre-copy to or from crane-proxy (each moves
+    /// what the process changed during the one before).
     pub precopy_rounds: u32,
     pub modules: ModulesConfig,
     pub device: DeviceConfig,

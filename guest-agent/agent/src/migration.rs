@@ -365,6 +365,7 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
             MigrateMode::Remote { .. } => AppRequest::Local {
                 deadline_ms: self.cfg.rollback_timeout_ms,
                 device: None,
+                precopy: 0,
             },
             MigrateMode::StopAndCopy => AppRequest::RESUME,
         };
@@ -492,12 +493,19 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let wait = left + self.grace();
+            let precopy = if self.cfg.precopy {
+                self.cfg.precopy_rounds
+            } else {
+                0
+            };
             reports.extend(std::thread::scope(|s| {
                 let hs: Vec<_> = new
                     .iter()
                     .map(|&pid| {
                         let run_dir = &run_dir;
-                        s.spawn(move || back_to_passthrough(run_dir, pid, device, left, wait))
+                        s.spawn(move || {
+                            back_to_passthrough(run_dir, pid, device, left, wait, precopy)
+                        })
                     })
                     .collect();
                 hs.into_iter()
@@ -540,19 +548,22 @@ impl<M: ModuleBackend, P: DeviceProbe> Agent<M, P> {
 }
 
 /// Brings one process to passthrough from whatever mode it reports, on the
-/// devices `device` names (a process already in passthrough moves there).
+/// devices `device` names (a process already in passthrough moves there);
+/// one on crane-proxy with a pre-copy of `precopy` rounds first (0: none).
 fn back_to_passthrough(
     run_dir: &std::path::Path,
     pid: u32,
     device: Option<&str>,
     left: Duration,
     wait: Duration,
+    precopy: u32,
 ) -> AppReport {
     let t = Instant::now();
     let device = device.map(str::to_owned);
     let local = AppRequest::Local {
         deadline_ms: left.as_millis().max(1) as u64,
         device: device.clone(),
+        precopy,
     };
     let resume = AppRequest::Resume {
         device: device.clone(),

@@ -106,6 +106,12 @@ pub enum Request {
         /// devices it was on before it went remote.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         device: Option<String>,
+        /// From crane-proxy, pre-copy first, in at most this many rounds (0:
+        /// none): the local vendor is opened and the contexts made, and
+        /// what the proxy changed is read, while the process runs on there;
+        /// the move then stops it only for what it changed since.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        precopy: u32,
     },
 }
 
@@ -403,7 +409,8 @@ mod tests {
             r,
             Request::Local {
                 deadline_ms: 9,
-                device: Some("cpu".into())
+                device: Some("cpu".into()),
+                precopy: 0,
             }
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"explode"}"#).is_err());

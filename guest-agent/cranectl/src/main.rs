@@ -46,6 +46,28 @@ struct OnDevice {
     device: Option<String>,
 }
 
+#[derive(Debug, Args)]
+struct Precopy {
+    /// Pre-copy first, in rounds, while the process runs on, so that the
+    /// move stops it only for what it changed since: to crane-proxy, the
+    /// buffers' contents are sent there; back from it, the local vendor is
+    /// opened, the contexts made and what the proxy changed read.
+    #[arg(long)]
+    precopy: bool,
+    /// The most rounds of --precopy (each moves what changed during the one
+    /// before; it stops early once little changed).
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "precopy",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    precopy_rounds: u32,
+}
+
+impl Precopy {
+    /// The request's rounds (0: no pre-copy).
+    fn rounds(&self) -> u32 {
+        if self.precopy { self.precopy_rounds } else { 0 }
+    }
+}
+
 /// A watch interval: a positive number of seconds, at most a day.
 fn parse_interval(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -98,16 +120,8 @@ enum Cmd {
         token_file: Option<PathBuf>,
         #[command(flatten)]
         device: OnDevice,
-        /// Pre-copy first: send the buffers' contents to the proxy while the
-        /// process runs on, in rounds, so that the move stops it only for
-        /// what it changed since.
-        #[arg(long)]
-        precopy: bool,
-        /// The most rounds of --precopy (each sends what changed during the
-        /// one before; it stops early once little changed).
-        #[arg(long, value_name = "N", default_value_t = 4, requires = "precopy",
-              value_parser = clap::value_parser!(u32).range(1..=64))]
-        precopy_rounds: u32,
+        #[command(flatten)]
+        precopy: Precopy,
     },
     /// Bring a process back from crane-proxy to the local vendor library;
     /// with --device, also move a process in passthrough onto another local
@@ -117,6 +131,8 @@ enum Cmd {
         which: Which,
         #[command(flatten)]
         device: OnDevice,
+        #[command(flatten)]
+        precopy: Precopy,
     },
     /// Drive a `crane-agent --standalone` (no Xen) over its socket.
     #[command(subcommand)]
@@ -347,7 +363,6 @@ fn run() -> Result<ExitCode> {
                     token_file,
                     device,
                     precopy,
-                    precopy_rounds,
                 } => (
                     "remote",
                     "remote",
@@ -357,16 +372,21 @@ fn run() -> Result<ExitCode> {
                         token: token_file.as_deref().map(read_token).transpose()?,
                         deadline_ms: which.deadline_ms,
                         device: device.device,
-                        precopy: if precopy { precopy_rounds } else { 0 },
+                        precopy: precopy.rounds(),
                     },
                 ),
-                Cmd::Local { which, device } => (
+                Cmd::Local {
+                    which,
+                    device,
+                    precopy,
+                } => (
                     "local",
                     "local",
                     which.target,
                     Request::Local {
                         deadline_ms: which.deadline_ms,
                         device: device.device,
+                        precopy: precopy.rounds(),
                     },
                 ),
                 _ => unreachable!("matched above"),

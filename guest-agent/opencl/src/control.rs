@@ -333,8 +333,13 @@ fn handle(req: Request) -> Response {
         Request::Local {
             deadline_ms,
             device,
+            precopy,
         } => match std::panic::catch_unwind(|| {
-            lifecycle::go_local(Duration::from_millis(deadline_ms), parse_spec(device)?)
+            lifecycle::go_local(
+                Duration::from_millis(deadline_ms),
+                parse_spec(device)?,
+                precopy,
+            )
         }) {
             Ok(Ok(phases)) => ok(phases, None),
             Ok(Err(e)) => Response::error(e),

@@ -26,6 +26,7 @@ mod fault;
 pub mod gate;
 pub mod handle;
 pub mod lifecycle;
+mod local_ahead;
 pub mod objects;
 pub mod remote;
 mod retarget;

@@ -193,9 +193,20 @@ pub static PRECOPY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// launch, copy, fill, unmap or host write since the point marked it dirty
 /// again: those the stop reads as before. Buffers only: images, pipes and
 /// `CL_MEM_USE_HOST_PTR` buffers are left to the stop.
+///
+/// On crane-proxy (the way back, `cranectl local --precopy`) what is read
+/// is kept beside the RAM copies ([`READ_AHEAD`]) until the next read-back
+/// (the move's, or a checkpoint's) takes it: until then the RAM copies stay
+/// those of the last checkpoint, from which a replay after the proxy's death
+/// rebuilds the session.
 pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
-    if mode() != Mode::Passthrough || !vendor::is_loaded() {
-        return Err("pre-copy runs in passthrough only".into());
+    let remote = match mode() {
+        Mode::Passthrough => false,
+        Mode::Remote => true,
+        _ => return Err("pre-copy runs in passthrough or on crane-proxy only".into()),
+    };
+    if !vendor::is_loaded() {
+        return Err("pre-copy runs in passthrough or on crane-proxy only".into());
     }
     let end = Instant::now() + deadline;
     let mut tm = Timer::new();
@@ -236,11 +247,13 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
                     && !m.base.vendor().is_null()
                     && m.ever_written.load(Ordering::Relaxed)
                     && (m.dirty.load(Ordering::Relaxed)
-                        || m.shadow
+                        || (m
+                            .shadow
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .data()
-                            .is_none())
+                            .is_none()
+                            && !read_ahead_holds(m)))
             })
             .collect()
     } else {
@@ -292,6 +305,14 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
         });
         drop(pin);
         match read {
+            Ok(()) if remote => {
+                let mut ahead = read_ahead();
+                ahead.retain(|(w, _)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), &**m));
+                if !m.dirty.load(Ordering::SeqCst) {
+                    ahead.push((Arc::downgrade(m), data));
+                    bytes += m.size as u64;
+                }
+            }
             Ok(()) => {
                 let mut sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
                 if !m.dirty.load(Ordering::SeqCst) {
@@ -318,6 +339,21 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
             crate::entry::error_text(e)
         )),
     }
+}
+
+/// Buffers a pre-copy on crane-proxy read (see [`precopy`]): what each held
+/// at the pre-copy's snapshot, while its dirty flag says it has not changed
+/// since; the next [`read_back`] takes them as read.
+static READ_AHEAD: Mutex<Vec<(std::sync::Weak<Mem>, HostBytes)>> = Mutex::new(Vec::new());
+
+fn read_ahead() -> std::sync::MutexGuard<'static, Vec<(std::sync::Weak<Mem>, HostBytes)>> {
+    READ_AHEAD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read_ahead_holds(m: &Mem) -> bool {
+    read_ahead()
+        .iter()
+        .any(|(w, _)| std::ptr::eq(w.as_ptr(), m))
 }
 
 /// The first steps of every suspend: new calls stopped, every queue drained,
@@ -513,6 +549,8 @@ fn with_queue<T>(
 struct ReadBack {
     items: Vec<(Arc<Mem>, HostBytes)>,
     bytes: u64,
+    /// Of the items, bytes a pre-copy on crane-proxy had read already.
+    ahead: u64,
 }
 
 impl ReadBack {
@@ -582,9 +620,26 @@ fn install(m: &Mem, data: HostBytes) -> Option<HostBytes> {
 fn read_back(stage: bool) -> ClResult<ReadBack> {
     let mut out = ReadBack::default();
     let queues = handle::live::<Queue>();
+    let mut ahead = std::mem::take(&mut *read_ahead());
     for m in handle::live::<Mem>() {
         let v = m.base.vendor();
         if v.is_null() || matches!(m.kind, MemKind::SubBuffer { .. } | MemKind::Pipe { .. }) {
+            continue;
+        }
+        // Read by a pre-copy on crane-proxy and not changed since: as read.
+        let early = ahead
+            .iter()
+            .position(|(w, _)| std::ptr::eq(w.as_ptr(), &*m))
+            .map(|i| ahead.swap_remove(i).1);
+        if let Some(data) = early
+            && !m.dirty.load(Ordering::Relaxed)
+        {
+            out.ahead += data.len() as u64;
+            if stage {
+                out.items.push((m, data));
+            } else {
+                install(&m, data);
+            }
             continue;
         }
         let has_copy = m
@@ -1897,8 +1952,153 @@ impl Releaser {
 /// With a device spec, also from passthrough: onto other local devices (a
 /// suspend and a resume there); if they cannot take the process, it resumes
 /// where it was.
-pub fn go_local(deadline: Duration, spec: Option<DeviceSpec>) -> Result<Vec<Phase>, String> {
-    go_local_then(deadline, spec, || {})
+///
+/// From crane-proxy, first, while the application still runs there, the
+/// local vendor is opened and its contexts made ([`crate::local_ahead`]),
+/// so that the stop waits for no driver context; with `precopy` rounds
+/// (`cranectl local --precopy`) the buffers the proxy changed are then read
+/// in rounds (see [`precopy`]), so that the stop reads only what changed
+/// after the last round. The application's calls go on once the local
+/// rebuild is done; the proxy's objects are released and its session closed
+/// after that. If the local rebuild fails the application carries on on
+/// crane-proxy.
+pub fn go_local(
+    deadline: Duration,
+    spec: Option<DeviceSpec>,
+    precopy_rounds: u32,
+) -> Result<Vec<Phase>, String> {
+    if mode() != Mode::Remote {
+        return go_local_then(deadline, spec, || {});
+    }
+    let mut phases = back_ahead(deadline, spec.as_ref(), precopy_rounds);
+    let ahead_contexts = crate::local_ahead::any();
+    let done = go_local_from_remote(deadline, spec);
+    // Made ahead and not taken (or the move did not happen): released while
+    // their library is still open.
+    crate::local_ahead::discard();
+    if mode() != Mode::Passthrough {
+        vendor::drop_preloaded();
+    }
+    if ahead_contexts {
+        debug!("the move back used the contexts made ahead where it could");
+    }
+    done.map(|p| {
+        phases.extend(p);
+        phases
+    })
+}
+
+/// Bytes a round of the pre-copy on the way back may leave to the stop and
+/// end the rounds.
+const BACK_SMALL: u64 = 8 << 20;
+
+/// The preparation of [`go_local`] from crane-proxy, beside the
+/// application: the local vendor opened and the contexts made, then
+/// `rounds` of pre-copy (0: none); its phases (all `parallel`). A failure
+/// costs only the time: the move then makes and reads what was not made or
+/// read.
+fn back_ahead(deadline: Duration, spec: Option<&DeviceSpec>, rounds: u32) -> Vec<Phase> {
+    let mut phases = Vec::new();
+    let mut beside = |name: String, t: Instant, bytes: u64| {
+        phases.push(Phase {
+            name,
+            ms: t.elapsed().as_secs_f64() * 1e3,
+            bytes,
+            parallel: true,
+        });
+    };
+    let t = Instant::now();
+    match crate::local_ahead::prepare(spec) {
+        Ok(n) => debug!("{n} context(s) made ahead on the local vendor"),
+        Err(e) => debug!("the local vendor could not be prepared ahead: {e}"),
+    }
+    beside("ahead-contexts".into(), t, 0);
+    let mut last = u64::MAX;
+    for k in 1..=rounds {
+        let t = Instant::now();
+        let read = match precopy(deadline) {
+            Ok(p) => p.iter().map(|x| x.bytes).sum::<u64>(),
+            Err(e) => {
+                debug!("pre-copy round {k} on the way back: {e}");
+                break;
+            }
+        };
+        beside(format!("precopy-read-{k}"), t, read);
+        if read <= BACK_SMALL || read >= last {
+            break;
+        }
+        last = read;
+    }
+    phases
+}
+
+/// crane-proxy to the local vendor. The proxy's objects are released and
+/// its session closed once the application runs locally
+/// (`CRANE_PARALLEL_RELEASE=0`: before the rebuild): not beside the rebuild,
+/// since on a shared GPU the proxy's teardown (its contexts destroyed)
+/// slowed the rebuild's writes 2-3 fold, and nothing waits for it.
+fn go_local_from_remote(
+    deadline: Duration,
+    spec: Option<DeviceSpec>,
+) -> Result<Vec<Phase>, String> {
+    let mut tm = Timer::new();
+    park(deadline, &mut tm)?;
+    let parallel = crate::config::get().parallel_release;
+    let before = vendor::target();
+    let (held, detached) = (take_vendor_objects(), vendor::detach());
+    let (later, first) = if parallel {
+        (Some((held, detached)), None)
+    } else {
+        (None, Some(release_and_close(held, detached)))
+    };
+    set_mode(Mode::Suspended);
+    vendor::set_target(Target::Local);
+    vendor::set_device(spec);
+    let rebuilt = rebuild();
+    let early = rebuilt.is_ok() && parallel;
+    if early {
+        reopen();
+    }
+    let waited = Instant::now();
+    let released = match (later, first) {
+        (Some((held, detached)), _) => release_and_close(held, detached),
+        (None, first) => first.unwrap_or_default(),
+    };
+    for (name, d) in [("release", released.release), ("unload", released.unload)] {
+        tm.phases.push(Phase {
+            name: name.into(),
+            ms: d.as_secs_f64() * 1e3,
+            bytes: 0,
+            parallel,
+        });
+    }
+    match rebuilt {
+        Ok(p) => {
+            tm.phases.extend(p);
+            tm.phases.push(Phase {
+                name: "wait-release".into(),
+                ms: waited.elapsed().as_secs_f64() * 1e3,
+                bytes: 0,
+                parallel: early,
+            });
+            if !early {
+                reopen();
+            }
+            Ok(tm.phases)
+        }
+        Err(e) => {
+            // Back onto crane-proxy (a new session, rebuilt from RAM).
+            vendor::set_target(before);
+            let back = match resume() {
+                Ok(_) => "it carries on on crane-proxy".to_string(),
+                Err(e2) => format!(
+                    "resuming on crane-proxy failed too ({e2}); it stays suspended \
+                     (retry, or go remote again)"
+                ),
+            };
+            Err(format!("going local failed: {e}; {back}"))
+        }
+    }
 }
 
 /// [`go_local`], running `between` after the suspend from crane-proxy (its

@@ -373,6 +373,30 @@ pub fn preload() -> Result<Vec<(PathBuf, Vec<usize>)>, String> {
         .collect())
 }
 
+/// Where a load of the libraries [`preload`] opened would put each of the
+/// process's root devices in use: its vendor device and platform there, as
+/// [`plan_devices`] decides for `spec`. What a move back may make ahead
+/// (`crate::local_ahead`); the load itself plans again.
+pub fn plan_preloaded(
+    spec: Option<&DeviceSpec>,
+) -> Result<Vec<(Arc<Device>, cl_device_id, cl_platform_id)>, String> {
+    // The lock order of `load_once`: the state, then the preloaded.
+    let st = state();
+    let pre = preloaded();
+    if pre.is_empty() {
+        return Err("no local vendor library is open ahead".into());
+    }
+    let offered = offered_by(pre.iter().map(|(_, l)| l));
+    drop(pre);
+    let used = used_of(&st.devices);
+    let plan = plan_devices(&st.devices, &used, &offered, spec)?;
+    Ok(plan
+        .into_iter()
+        .filter(|(d, _)| used.iter().any(|u| Arc::ptr_eq(u, d)))
+        .map(|(d, i)| (d, offered[i].vd, offered[i].vp))
+        .collect())
+}
+
 /// Unloads what [`preload`] opened and no load took.
 pub fn drop_preloaded() {
     let left: Vec<Option<Loaded>> = preloaded().drain(..).map(|(_, l)| Some(l)).collect();
@@ -556,8 +580,12 @@ impl Offered {
 }
 
 fn offered(loaded: &[Option<Loaded>]) -> Vec<Offered> {
+    offered_by(loaded.iter().flatten())
+}
+
+fn offered_by<'a>(loaded: impl Iterator<Item = &'a Loaded>) -> Vec<Offered> {
     let mut out = Vec::new();
-    for &vp in loaded.iter().flatten().flat_map(|l| l.platforms.iter()) {
+    for &vp in loaded.flat_map(|l| l.platforms.iter()) {
         for vd in vendor_devices(vp).unwrap_or_default() {
             out.push(Offered {
                 vp,

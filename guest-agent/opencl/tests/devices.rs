@@ -25,6 +25,7 @@ fn local_on(device: &str) -> Request {
     Request::Local {
         deadline_ms: 20_000,
         device: Some(device.into()),
+        precopy: 0,
     }
 }
 
@@ -284,6 +285,7 @@ fn a_spec_naming_no_device_is_refused() {
         &Request::Local {
             deadline_ms: 1000,
             device: Some(String::new()),
+            precopy: 0,
         },
         Duration::from_secs(60),
     )

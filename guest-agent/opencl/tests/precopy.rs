@@ -185,7 +185,11 @@ fn precopy_is_refused_while_suspended() {
     assert!(r.ok, "{:?}", r.error);
     let r = ask(&sock, &Request::Precopy { deadline_ms }).unwrap();
     assert!(!r.ok);
-    assert!(r.error.unwrap().contains("passthrough only"));
+    assert!(
+        r.error
+            .unwrap()
+            .contains("passthrough or on crane-proxy only")
+    );
     let r = ask(&sock, &Request::RESUME).unwrap();
     assert!(r.ok, "{:?}", r.error);
     std::fs::write(&release, b"").unwrap();
@@ -202,14 +206,21 @@ fn to_proxy(proxy: &Proxy, precopy: u32) -> Request {
     }
 }
 
-const LOCAL: Request = Request::Local {
-    deadline_ms: 20_000,
-    device: None,
-};
+const LOCAL: Request = local(0);
+
+/// Back from crane-proxy, with a pre-copy of `precopy` rounds (0: none).
+const fn local(precopy: u32) -> Request {
+    Request::Local {
+        deadline_ms: 20_000,
+        device: None,
+        precopy,
+    }
+}
 
 /// Runs `app` under crane and moves it to crane-proxy with a pre-copy there
-/// (sent ahead in rounds while it runs) and back at random moments; its
-/// result line and the moves made.
+/// (sent ahead in rounds while it runs) and back at random moments, back
+/// with a pre-copy on the way (read in rounds from the proxy while it runs
+/// there) or without; its result line and the moves made.
 fn precopied_remote(app: &str, iters: &str, seed: u64, proxy: &Proxy) -> (String, usize) {
     let dir = scratch(&format!("precopy-remote-{app}-{seed:x}"));
     let child = under_crane(app, iters, dir.path())
@@ -235,7 +246,7 @@ fn precopied_remote(app: &str, iters: &str, seed: u64, proxy: &Proxy) -> (String
             break;
         }
         std::thread::sleep(Duration::from_millis(rng.below(40)));
-        let Some(r) = ask(&sock, &LOCAL) else {
+        let Some(r) = ask(&sock, &local(rng.below(4) as u32)) else {
             assert!(finishes(&waiter), "{app}: local not answered");
             break;
         };
@@ -311,6 +322,57 @@ fn a_precopied_idle_application_moves_to_the_proxy_sending_nothing() {
     assert_eq!(phase_bytes(&r, "read-dirty"), 0, "{:?}", r.phases);
     let r = ask(&sock, &LOCAL).unwrap();
     assert!(r.ok, "{:?}", r.error);
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    rest.join().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), common::native("pingpong", "600"));
+}
+
+/// pingpong started on crane-proxy and held halfway, so that every buffer
+/// it holds changed there: a move back with a pre-copy reads all of them in
+/// the first round, nothing in the second (which ends the rounds), makes
+/// the context ahead, and leaves the stop nothing to read; the result is
+/// the native one.
+#[test]
+fn a_precopied_move_back_leaves_its_stop_nothing_to_read() {
+    let proxy = Proxy::start("precopy-back", false, &[("k", "t")]);
+    let dir = scratch("precopy-back-held");
+    let release = dir.path().join("release");
+    let mut child = under_crane("pingpong", "600", dir.path())
+        .env("TESTAPP_HOLD", &release)
+        .env("CRANE_MODE", "remote")
+        .env("CRANE_PROXY", &proxy.addr)
+        .env("CRANE_PROXY_TOKEN", "k")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    let rest = wait_holding(&mut child);
+    let st = ask(&sock, &Request::Status).and_then(|r| r.status).unwrap();
+    assert_eq!(st.mode, crane_control::Mode::Remote);
+    let r = ask(&sock, &local(4)).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    assert!(
+        r.phases
+            .iter()
+            .any(|p| p.name == "ahead-contexts" && p.parallel),
+        "{:?}",
+        r.phases
+    );
+    let read = phase_bytes(&r, "precopy-read-1");
+    assert!(read > 0, "nothing read ahead: {:?}", r.phases);
+    assert_eq!(phase_bytes(&r, "precopy-read-2"), 0, "{:?}", r.phases);
+    assert!(
+        !r.phases.iter().any(|p| p.name == "precopy-read-3"),
+        "{:?}",
+        r.phases
+    );
+    assert_eq!(phase_bytes(&r, "read-dirty"), 0, "{:?}", r.phases);
+    let st = ask(&sock, &Request::Status).and_then(|r| r.status).unwrap();
+    assert_eq!(st.mode, crane_control::Mode::Passthrough);
     std::fs::write(&release, b"").unwrap();
     let out = child.wait_with_output().unwrap();
     rest.join().unwrap();

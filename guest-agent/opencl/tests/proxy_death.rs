@@ -193,6 +193,7 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
                 let r = ask(&Request::Local {
                     deadline_ms: 20_000,
                     device: None,
+                    precopy: 0,
                 });
                 if r.ok {
                     break;
@@ -298,6 +299,7 @@ fn dead_for_good(name: &str, operator_home: bool) -> (std::process::Output, Stri
             &Request::Local {
                 deadline_ms: 60_000,
                 device: None,
+                precopy: 0,
             },
             Duration::from_secs(120),
         );

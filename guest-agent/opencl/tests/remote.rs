@@ -63,6 +63,7 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
                 Request::Local {
                     deadline_ms: 20_000,
                     device: None,
+                    precopy: 0,
                 },
                 Mode::Passthrough,
             ),
@@ -176,6 +177,7 @@ fn starts_remote_then_goes_local() {
         &Request::Local {
             deadline_ms: 20_000,
             device: None,
+            precopy: 0,
         },
         Duration::from_secs(60),
     )
@@ -228,6 +230,7 @@ fn programs_made_from_kept_binaries_compile_and_build_again() {
     let local = Request::Local {
         deadline_ms: 20_000,
         device: None,
+        precopy: 0,
     };
     let suspend = Request::Suspend {
         deadline_ms: 20_000,
@@ -418,6 +421,7 @@ impl Held {
         let r = self.ask(&Request::Local {
             deadline_ms: 20_000,
             device: None,
+            precopy: 0,
         });
         assert!(r.ok, "going local failed: {:?}", r.error);
     }
