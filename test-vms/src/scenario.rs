@@ -2435,44 +2435,42 @@ pub struct Soak {
 }
 
 impl Soak {
+    const HEADER: &'static str = "  #  move                                               s   pre ms  post ms   proxy fd/thr/KiB   craned fd/thr/KiB   app fd/thr/KiB   agent fd/thr  xs nodes";
+
     /// One line per move: how, seconds, stoppage both ways, the resources after.
     pub fn table(&self) -> String {
-        let mut out = String::from(
-            "  #  move                                               s   pre ms  post ms   proxy fd/thr/KiB   craned fd/thr/KiB   app fd/thr/KiB   agent fd/thr  xs nodes\n",
-        );
-        let row = |out: &mut String,
-                   n: String,
-                   how: String,
-                   m: Option<&Migration>,
-                   r: &Resources| {
-            let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
-            let _ = writeln!(
-                out,
-                "{n:>3}  {how:<48} {:>5} {:>8} {:>8}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>6}   {:>4}/{:>3}  {:>8}",
-                m.map_or("-".into(), |m| format!("{:.0}", m.seconds)),
-                ms(m.and_then(|m| m.pre_stop_ms)),
-                ms(m.and_then(|m| m.post_stop_ms)),
-                r.proxy[0],
-                r.proxy[1],
-                r.proxy[2],
-                r.craned[0],
-                r.craned[1],
-                r.craned[2],
-                r.app[0],
-                r.app[1],
-                r.app[2],
-                r.agent[0],
-                r.agent[1],
-                r.xenstore_nodes
-            );
-        };
-        if let Some(r) = self.resources.first() {
-            row(&mut out, "0".into(), "(before)".into(), None, r);
-        }
-        for (i, (m, r)) in self.migrations.iter().zip(&self.resources[1..]).enumerate() {
-            row(&mut out, (i + 1).to_string(), m.how.describe(), Some(m), r);
+        let mut out = format!("{}\n", Self::HEADER);
+        for i in 0..self.resources.len() {
+            let _ = writeln!(out, "{}", self.line(i));
         }
         out
+    }
+
+    /// The table's line `i`: 0 for the resources before the first move, `i`
+    /// for move `i` and the resources after it.
+    pub fn line(&self, i: usize) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        let m = i.checked_sub(1).and_then(|k| self.migrations.get(k));
+        let r = &self.resources[i];
+        let how = m.map_or("(before)".into(), |m| m.how.describe());
+        format!(
+            "{i:>3}  {how:<48} {:>5} {:>8} {:>8}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>7}   {:>4}/{:>3}/{:>6}   {:>4}/{:>3}  {:>8}",
+            m.map_or("-".into(), |m| format!("{:.0}", m.seconds)),
+            ms(m.and_then(|m| m.pre_stop_ms)),
+            ms(m.and_then(|m| m.post_stop_ms)),
+            r.proxy[0],
+            r.proxy[1],
+            r.proxy[2],
+            r.craned[0],
+            r.craned[1],
+            r.craned[2],
+            r.app[0],
+            r.app[1],
+            r.app[2],
+            r.agent[0],
+            r.agent[1],
+            r.xenstore_nodes
+        )
     }
 }
 
@@ -2524,6 +2522,8 @@ pub fn soak(s: &mut Session, app: &App, count: usize) -> anyhow::Result<Soak> {
         migrations: Vec::new(),
     };
     s.phase(&format!("{} under crane", app.program));
+    // The table as it grows: a run cut short still shows its moves.
+    println!("soak:\n{}\n{}", Soak::HEADER, soak.line(0));
     let moves = soak_moves(s.hosts.len());
     let mut samples = 0;
     for i in 0..count {
@@ -2533,6 +2533,7 @@ pub fn soak(s: &mut Session, app: &App, count: usize) -> anyhow::Result<Soak> {
         soak.resources.push(resources(s, how.destination(), pid)?);
         s.phase(&format!("move {} of {count}: {}", i + 1, how.describe()));
         soak.migrations.push(m);
+        println!("{}", soak.line(i + 1));
     }
     let host = soak.migrations.last().map_or(0, |m| m.how.destination());
     let crane = release(s, host, app, started)?;

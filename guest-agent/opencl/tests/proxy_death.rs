@@ -12,7 +12,7 @@ use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
 use common::proxy::{Proxy, wait_socket};
-use common::{Rng, long_enough, native, result_line, scratch, under_crane};
+use common::{Rng, finishes, long_enough, native, result_line, scratch, under_crane};
 
 /// Starts `app` on `proxy` from its first call, with `env` besides.
 fn start_remote(
@@ -63,17 +63,22 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// Runs `app` on a proxy killed and restarted at random moments, twice; each
-/// run must print the native result after at least two kills.
+/// Runs `app` on a proxy killed and restarted at random moments; the run
+/// must print the native result after at least two kills.
 ///
-/// The first run has the default journal (few checkpoints or none: these
-/// runs make fewer calls than one asks for), the second a 1 MiB one (a
+/// `journal_mib` "1024" is the default journal (few checkpoints or none:
+/// these runs make fewer calls than one asks for); "1" a 1 MiB one (a
 /// checkpoint every few thousand calls), so that kills land inside
 /// checkpoints too: in their drain, their read-back (which leaves the RAM
 /// copies of the last checkpoint alone until the journal is compacted) and
-/// their compaction.
-fn survives(app: &str, iters: &str) {
-    for (seed, journal_mib) in [(0x9e3779b97f4a7c15u64, "1024"), (0x2545f4914f6cdd1d, "1")] {
+/// their compaction. The corpus alternates between the two (CI's time).
+fn survives(app: &str, iters: &str, journal_mib: &str) {
+    let seed = if journal_mib == "1" {
+        0x2545f4914f6cdd1du64
+    } else {
+        0x9e3779b97f4a7c15
+    };
+    {
         let mut proxy = Proxy::start(&format!("death-{app}"), true, &[("k", "t")]);
         let (iters, kills) = long_enough(app, iters, 2, |iters| {
             let scratch = scratch(&format!("death-{app}-{seed:x}"));
@@ -107,23 +112,134 @@ fn survives(app: &str, iters: &str) {
 }
 
 macro_rules! corpus_test {
-    ($name:ident, $iters:expr) => {
+    ($name:ident, $app:literal, $iters:expr, $journal:expr) => {
         #[test]
         fn $name() {
-            survives(stringify!($name), $iters);
+            survives($app, $iters, $journal);
         }
     };
 }
 
-corpus_test!(pingpong, "6000");
-corpus_test!(subbuffers, "3000");
-corpus_test!(images, "2000");
-corpus_test!(maps, "3000");
-corpus_test!(copies, "3000");
-corpus_test!(frameloop, "600");
-corpus_test!(localmem, "3000");
-corpus_test!(multictx, "2000");
-corpus_test!(events, "2000");
+// pingpong both ways; the others with one journal each, alternating.
+corpus_test!(pingpong, "pingpong", "6000", "1024");
+corpus_test!(pingpong_checkpointed, "pingpong", "6000", "1");
+corpus_test!(subbuffers, "subbuffers", "3000", "1");
+corpus_test!(images, "images", "2000", "1024");
+corpus_test!(maps, "maps", "3000", "1");
+corpus_test!(copies, "copies", "3000", "1024");
+corpus_test!(frameloop, "frameloop", "600", "1");
+corpus_test!(localmem, "localmem", "3000", "1024");
+corpus_test!(multictx, "multictx", "2000", "1");
+corpus_test!(events, "events", "2000", "1024");
+
+/// pingpong moved to a proxy and back again and again (back with a
+/// pre-copy of 0-2 rounds), the proxy killed, and restarted a moment later,
+/// at a random point of each move back: before it, inside the pre-copy's
+/// rounds, the drain and read-back (which wait for the replay on the
+/// restarted proxy), the local rebuild or the proxy's release after it.
+/// Every move back completes and the result is the native one.
+#[test]
+fn killed_during_moves_back() {
+    let mut proxy = Proxy::start("death-back", true, &[("k", "t")]);
+    let (iters, kills) = long_enough("pingpong", "6000", 3, |iters| {
+        let scratch = scratch("death-back");
+        let child = under_crane("pingpong", iters, scratch.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sock = socket_path(scratch.path(), child.id());
+        let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+        let mut rng = Rng(0x51ed_2701_9e37_79b9);
+        let mut kills = 0;
+        let start = Instant::now();
+        while !waiter.is_finished() && kills < 6 && start.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
+            if !sock.exists() {
+                continue;
+            }
+            let remote = Request::Remote {
+                proxy: proxy.addr.clone(),
+                token: Some("k".into()),
+                deadline_ms: 20_000,
+                device: None,
+                precopy: 0,
+            };
+            let Ok(r) = call(&sock, &remote, Duration::from_secs(60)) else {
+                break; // it has finished
+            };
+            if !r.ok {
+                assert!(
+                    finishes(&waiter),
+                    "moving to the proxy failed: {:?}",
+                    r.error
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(rng.below(40)));
+            let back = Request::Local {
+                deadline_ms: 60_000,
+                device: None,
+                precopy: rng.below(3) as u32,
+            };
+            let s = sock.clone();
+            let asked = std::thread::spawn(move || call(&s, &back, Duration::from_secs(120)));
+            std::thread::sleep(Duration::from_millis(rng.below(30)));
+            proxy.kill();
+            kills += 1;
+            std::thread::sleep(Duration::from_millis(rng.below(300)));
+            proxy.restart();
+            match asked.join().unwrap() {
+                Ok(r) => assert!(r.ok, "the move back failed: {:?}", r.error),
+                Err(e) => assert!(finishes(&waiter), "the move back was not answered: {e}"),
+            }
+        }
+        let out = waiter.join().unwrap();
+        assert!(
+            out.status.success(),
+            "pingpong failed after {kills} kill(s): {}",
+            stderr(&out)
+        );
+        (result_line(&out.stdout), kills)
+    });
+    eprintln!(
+        "pingpong: {kills} proxy kills during moves back at --iters {iters}, identical to native"
+    );
+}
+
+/// pingpong on crane-proxy while the proxy is stopped (SIGSTOP) for a while,
+/// three times: the process waits (its connection is not broken, so nothing
+/// is replayed) and, the proxy continued, ends with the native result.
+#[test]
+fn a_stalled_proxy_is_waited_for() {
+    let proxy = Proxy::start("stalled", true, &[("k", "t")]);
+    let want = native("pingpong", "6000");
+    let scratch = scratch("stalled");
+    let child = start_remote("pingpong", "6000", scratch.path(), &proxy, &[]);
+    wait_socket(&socket_path(scratch.path(), child.id()));
+    let pid = nix::unistd::Pid::from_raw(proxy.child.id() as i32);
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let mut stalls = 0;
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(200));
+        if waiter.is_finished() {
+            break;
+        }
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+        stalls += 1;
+    }
+    let out = waiter.join().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stalls >= 1, "pingpong ended before the proxy was stopped");
+    assert!(
+        !stderr(&out).contains("took the session back"),
+        "a stall is not a death: {}",
+        stderr(&out)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
 
 /// A process moved to the proxy (its session starts with crane's rebuild)
 /// and checkpointed on request; the proxy dies for good, and the process,
