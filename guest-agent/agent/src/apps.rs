@@ -25,7 +25,9 @@ fn alive(pid: u32) -> bool {
 /// The outcome a successful request leaves the process in.
 fn success_outcome(req: &Request) -> AppOutcome {
     match req {
-        Request::Remote { .. } | Request::Checkpoint { .. } => AppOutcome::Remote,
+        Request::Remote { .. } | Request::Checkpoint { .. } | Request::Redirect { .. } => {
+            AppOutcome::Remote
+        }
         Request::Suspend { .. } => AppOutcome::Suspended,
         Request::Status
         | Request::Precopy { .. }

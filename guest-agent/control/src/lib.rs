@@ -97,6 +97,18 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "is_zero")]
         precopy: u32,
     },
+    /// While the process's crane-proxy has died and it waits for one to
+    /// take its session back (docs/reliability.md): replay it on the proxy
+    /// at `proxy` (with `token`; none: the token it has), and wait as long
+    /// again as a wait starts with (`CRANE_REMOTE_RECOVER_S`). Answered at
+    /// once, never queued behind other requests (which may be waiting for
+    /// this very recovery); refused when the process waits for no proxy.
+    Redirect {
+        /// `tcp://HOST:PORT` or `unix:/path`.
+        proxy: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+    },
     /// Bring the process's GPU state back from the proxy to the local vendor
     /// library (reload, recreate, re-inject what the proxy changed).
     /// From passthrough with `device`: move onto another local device.

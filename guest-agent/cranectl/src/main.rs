@@ -123,6 +123,21 @@ enum Cmd {
         #[command(flatten)]
         precopy: Precopy,
     },
+    /// Point a process whose crane-proxy died, and which waits for one to
+    /// take its session back, at another proxy (it waits as long again).
+    Redirect {
+        /// A process id, or `all` (every process with a control socket;
+        /// those not waiting for a proxy say so).
+        #[arg(value_name = "PID|all")]
+        target: String,
+        /// Where the session goes: `tcp://HOST:PORT` or `unix:/path`.
+        #[arg(long, value_name = "ADDR")]
+        proxy: String,
+        /// A file holding the session token that proxy expects (default:
+        /// the token the process has).
+        #[arg(long, value_name = "F")]
+        token_file: Option<PathBuf>,
+    },
     /// Bring a process back from crane-proxy to the local vendor library;
     /// with --device, also move a process in passthrough onto another local
     /// device.
@@ -323,6 +338,7 @@ fn run() -> Result<ExitCode> {
         | Cmd::Checkpoint(_)
         | Cmd::Resume { .. }
         | Cmd::Remote { .. }
+        | Cmd::Redirect { .. }
         | Cmd::Local { .. } => {
             let (verb, done, which, req) = match cli.cmd {
                 Cmd::Suspend(w) => (
@@ -373,6 +389,19 @@ fn run() -> Result<ExitCode> {
                         deadline_ms: which.deadline_ms,
                         device: device.device,
                         precopy: precopy.rounds(),
+                    },
+                ),
+                Cmd::Redirect {
+                    target,
+                    proxy,
+                    token_file,
+                } => (
+                    "redirect",
+                    "redirected",
+                    target,
+                    Request::Redirect {
+                        proxy,
+                        token: token_file.as_deref().map(read_token).transpose()?,
                     },
                 ),
                 Cmd::Local {

@@ -131,21 +131,37 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     HANDLING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A `Remote` request while the process's crane-proxy has died and it waits
-/// for one: it names where to replay the session. Not queued behind other
-/// requests, which may be waiting for that very recovery.
+/// A `Redirect` request, or a `Remote` one while the process's crane-proxy
+/// has died and it waits for one: it names where to replay the session. Not
+/// queued behind other requests, which may be waiting for that very
+/// recovery. A `Redirect` while no recovery is under way is refused.
 fn redirect(req: &Request) -> Option<Response> {
-    let Request::Remote { proxy, token, .. } = req else {
-        return None;
+    let (proxy, token, explicit) = match req {
+        Request::Remote { proxy, token, .. } => (proxy, token, false),
+        Request::Redirect { proxy, token } => (proxy, token, true),
+        _ => return None,
     };
-    let s = crate::vendor::remote_session().filter(|s| s.is_recovering())?;
-    s.redirect(proxy.clone(), token.clone()).then(|| Response {
-        ok: true,
-        error: None,
-        status: None,
-        phases: Vec::new(),
-        residue: None,
-    })
+    let done = crate::vendor::remote_session()
+        .filter(|s| s.is_recovering())
+        .is_some_and(|s| s.redirect(proxy.clone(), token.clone()));
+    match (done, explicit) {
+        (true, _) => Some(Response {
+            ok: true,
+            error: None,
+            status: None,
+            phases: Vec::new(),
+            residue: None,
+        }),
+        (false, true) => Some(Response::error(format!(
+            "not waiting for crane-proxy (the process is {}): nothing to redirect",
+            match lifecycle::mode() {
+                crane_control::Mode::Passthrough => "in passthrough",
+                crane_control::Mode::Remote => "on a live crane-proxy",
+                crane_control::Mode::Suspended => "suspended",
+            }
+        ))),
+        (false, false) => None,
+    }
 }
 
 fn respond(s: &UnixStream, resp: &Response) {
@@ -330,6 +346,8 @@ fn handle(req: Request) -> Response {
             Ok(Err(e)) => Response::error(e),
             Err(_) => Response::error("internal error while going remote"),
         },
+        // Answered before the queue (`redirect`).
+        Request::Redirect { .. } => Response::error("internal error: a redirect was queued"),
         Request::Local {
             deadline_ms,
             device,

@@ -333,6 +333,66 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// A redirect (`cranectl redirect`) to a process that waits for no proxy
+/// is refused with the reason. Once its proxy has died for good, the
+/// process is redirected to an address where no proxy listens yet, a second
+/// before its wait (3 s) would end: the redirect starts the wait again, and
+/// a proxy started there after the first wait would have ended takes the
+/// session; the result is the native one.
+#[test]
+fn a_redirect_names_the_proxy_and_waits_again() {
+    let want = native("pingpong", "6000");
+    let mut first = Proxy::start("redirect-first", true, &[("k", "t")]);
+    let mut second = Proxy::start("redirect-second", true, &[("k", "t")]);
+    second.kill();
+    let scratch = scratch("redirect");
+    let release = scratch.path().join("release");
+    let child = start_remote(
+        "pingpong",
+        "6000",
+        scratch.path(),
+        &first,
+        &[
+            ("CRANE_REMOTE_RECOVER_S", "3"),
+            ("CRANE_REMOTE_LOCAL_AFTER_S", "0"),
+            ("TESTAPP_HOLD", release.to_str().unwrap()),
+        ],
+    );
+    let sock = socket_path(scratch.path(), child.id());
+    wait_socket(&sock);
+    let redirect = Request::Redirect {
+        proxy: second.addr.clone(),
+        token: None,
+    };
+    let r = call(&sock, &redirect, Duration::from_secs(30)).unwrap();
+    assert!(!r.ok);
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("not waiting for crane-proxy"),
+        "{:?}",
+        r.error
+    );
+    first.kill();
+    let killed = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let r = call(&sock, &redirect, Duration::from_secs(30)).unwrap();
+    assert!(r.ok, "the redirect was refused: {:?}", r.error);
+    // Past the first wait's end, within the second's.
+    std::thread::sleep(Duration::from_millis(3600).saturating_sub(killed.elapsed()));
+    second.restart();
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{} took the session back", second.addr)),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
+
 /// With no proxy to go to, the process's OpenCL calls fail with a clear
 /// error once the wait is over, instead of hanging.
 #[test]

@@ -249,6 +249,8 @@ pub struct Session {
     /// Where to reconnect after the proxy died, if not where it was
     /// (`cranectl remote PID --proxy ADDR` during a recovery).
     redirect: Mutex<Option<(String, Option<String>)>>,
+    /// When the recovery was last redirected: its wait counts from then.
+    redirected_at: Mutex<Option<Instant>>,
     /// When the local fallback was last tried (`local_fallback`).
     local_tried: Mutex<Option<Instant>>,
     /// Recoveries since the last checkpoint (a replay that kills its proxy
@@ -357,6 +359,7 @@ impl Session {
             addr: Mutex::new(addr.to_string()),
             token: Mutex::new(token.to_string()),
             redirect: Mutex::new(None),
+            redirected_at: Mutex::new(None),
             local_tried: Mutex::new(None),
             recoveries: AtomicU32::new(0),
             limits,
@@ -471,7 +474,14 @@ impl Session {
             return false;
         }
         *lock(&self.redirect) = Some((addr, token));
+        *lock(&self.redirected_at) = Some(Instant::now());
         true
+    }
+
+    /// Since when a recovery that began at `start` has been waiting: the
+    /// last redirect starts the wait again.
+    fn waiting_since(&self, start: Instant) -> Instant {
+        lock(&self.redirected_at).map_or(start, |t| t.max(start))
     }
 
     pub fn is_recovering(&self) -> bool {
@@ -1371,7 +1381,7 @@ fn recover(s: &Arc<Session>, why: String) -> Result<(), String> {
                 return Ok(());
             }
             Ok(()) => warn!("the new connection to crane-proxy broke too; trying again"),
-            Err(Replay::Broken(e)) if start.elapsed() < wait => {
+            Err(Replay::Broken(e)) if s.waiting_since(start).elapsed() < wait => {
                 warn!(
                     "the new connection to crane-proxy broke during the replay ({e}); trying again"
                 );
@@ -1435,7 +1445,7 @@ fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Res
             .unwrap_or_else(|| (s.addr(), lock(&s.token).clone()));
         match handshake(&addr, &token) {
             Ok((w, limits, _)) => break (w, limits, addr, token),
-            Err(e) if start.elapsed() >= wait => {
+            Err(e) if s.waiting_since(start).elapsed() >= wait => {
                 return Err(Replay::Failed(format!(
                     "no crane-proxy took the session back within {}s (last try: {e})",
                     wait.as_secs()
@@ -1466,6 +1476,7 @@ fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Res
     *lock(&s.addr) = addr.clone();
     *lock(&s.token) = token;
     lock(&s.redirect).take();
+    lock(&s.redirected_at).take();
     warn!(
         "crane-proxy at {addr} took the session back: {calls} call(s) and {} KiB replayed \
          in {} ms, {} ms after the connection broke",
