@@ -1,7 +1,10 @@
 //! The proxy domain: craned keeps it running (created from its xl
 //! configuration when absent, recreated when it dies or stops answering),
 //! gives it its own GPU, and publishes the managed guests' session tokens to
-//! it. One [`ProxySupervisor::tick`] per supervision period.
+//! it. When it creates the proxy domain again, and when crane-proxy answers
+//! again, it tells the managed guests where their proxy is
+//! (`crane/proxy-now`), so that their processes waiting for it go there and
+//! wait for it to boot. One [`ProxySupervisor::tick`] per supervision period.
 
 use std::collections::BTreeMap;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crane_libxl::Xl;
 use crane_xs::XenStore;
-use crane_xs::proxy::publish_tokens;
+use crane_xs::proxy::{ProxyNow, publish_proxy_now, publish_tokens};
 use craned_control::ProxyStatus;
 
 use crate::config::Config;
@@ -47,6 +50,8 @@ pub struct ProxySupervisor {
     failures: u32,
     started: Option<Instant>,
     check: Box<HealthCheck>,
+    /// The last generation of `crane/proxy-now` published to the guests.
+    told: u64,
 }
 
 impl ProxySupervisor {
@@ -63,7 +68,52 @@ impl ProxySupervisor {
             failures: 0,
             started: None,
             check,
+            told: 0,
         }
+    }
+
+    /// Tells every managed guest where its crane-proxy is now
+    /// (`crane/proxy-now`, a new generation): its agent redirects the
+    /// processes waiting for a dead proxy there, and they wait again from
+    /// then (docs/reliability.md). Done when the proxy domain is created
+    /// again, so that they wait for it to boot, and when the proxy answers
+    /// again. A generation is the time in ms (later than any before), so
+    /// that a restarted craned never repeats one.
+    fn tell_guests<S: XenStore, X: Xl>(
+        &mut self,
+        store: &S,
+        xl: &X,
+        cfg: &Config,
+        secret: Option<&[u8]>,
+        why: &str,
+    ) {
+        if cfg.proxy.address.is_empty() {
+            return;
+        }
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.told = ms.max(self.told + 1);
+        let mut told = 0;
+        for g in &cfg.guests {
+            let Ok(Some(domid)) = xl.domid(g) else {
+                continue;
+            };
+            let now = ProxyNow {
+                generation: self.told,
+                proxy: cfg.proxy.address.clone(),
+                token: secret.map(|s| tokens::derive(s, g, cfg.tokens.epoch)),
+            };
+            match publish_proxy_now(store, u16::try_from(domid).unwrap_or(u16::MAX), &now) {
+                Ok(()) => told += 1,
+                Err(e) => log::warn!("proxy: cannot tell guest {g} where its proxy is: {e}"),
+            }
+        }
+        log::info!(
+            "proxy: {why}; told {told} guest(s) it is at {} (generation {})",
+            cfg.proxy.address,
+            self.told
+        );
     }
 
     pub fn status(&self) -> &ProxyStatus {
@@ -131,6 +181,26 @@ impl ProxySupervisor {
     /// GPU and the current tokens, and answers; recreates it after
     /// `failures_before_restart` failed checks outside the boot grace.
     pub fn tick<S: XenStore, X: Xl>(
+        &mut self,
+        store: &S,
+        xl: &X,
+        cfg: &Config,
+        secret: Option<&[u8]>,
+    ) {
+        // Created again, or answering again: the guests are told.
+        let restarts = self.status.restarts;
+        let was_healthy = self.status.healthy;
+        self.supervise(store, xl, cfg, secret);
+        if self.status.restarts > restarts {
+            self.tell_guests(store, xl, cfg, secret, "the proxy domain was created again");
+        }
+        if self.status.healthy && !was_healthy {
+            self.tell_guests(store, xl, cfg, secret, "crane-proxy answers");
+        }
+    }
+
+    /// [`tick`](Self::tick) without telling the guests.
+    fn supervise<S: XenStore, X: Xl>(
         &mut self,
         store: &S,
         xl: &X,
@@ -356,6 +426,50 @@ mod tests {
         *up.lock().unwrap() = true;
         sup.tick(&dom0, &xl, &cfg, None);
         assert!(sup.status().healthy);
+    }
+
+    /// The guest's crane/proxy-now, as its agent reads it.
+    fn proxy_now(store: &MemStore, domid: u16) -> Option<ProxyNow> {
+        crane_xs::proxy::read_proxy_now(&store.connect(domid)).unwrap()
+    }
+
+    #[test]
+    fn guests_are_told_where_the_proxy_is_when_it_comes_back() {
+        let cfg = config();
+        let store = MemStore::new();
+        store.introduce(9);
+        let dom0 = store.connect(0);
+        let xl = FakeXl::default();
+        xl.add_domain("proxy", 4, &[gpu("0000:00:07.0")]);
+        xl.add_domain("g1", 9, &[]);
+        xl.create_makes("proxy");
+        let (up, check) = switch();
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        // First seen answering: told once, with the guest's token.
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        let first = proxy_now(&store, 9).expect("told");
+        assert_eq!(first.proxy, cfg.proxy.address);
+        assert_eq!(first.token, Some(tokens::derive(SECRET, "g1", 1)));
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        assert_eq!(proxy_now(&store, 9), Some(first.clone()), "nothing new");
+        // It stops answering and is created again: told at once (its
+        // processes wait for it to boot), and again once it answers.
+        *up.lock().unwrap() = false;
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        assert_eq!(
+            proxy_now(&store, 9),
+            Some(first.clone()),
+            "one failed check"
+        );
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        assert_eq!(sup.status().restarts, 1);
+        let recreated = proxy_now(&store, 9).unwrap();
+        assert!(recreated.generation > first.generation);
+        *up.lock().unwrap() = true;
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        let answers = proxy_now(&store, 9).unwrap();
+        assert!(answers.generation > recreated.generation);
+        assert_eq!(answers.proxy, cfg.proxy.address);
     }
 
     #[test]

@@ -153,6 +153,9 @@ pub(crate) mod fake {
         pub mode: Arc<Mutex<Mode>>,
         /// The device specs of the requests that carried one, in order.
         pub devices: Arc<Mutex<Vec<String>>>,
+        /// The proxies of the redirects it took, in order (a process in
+        /// remote mode counts as waiting for its proxy).
+        pub redirects: Arc<Mutex<Vec<String>>>,
     }
 
     /// Serves `<run_dir>/apps/<pid>.sock` on a thread until the test ends.
@@ -165,6 +168,8 @@ pub(crate) mod fake {
         let m = mode.clone();
         let devices = Arc::new(Mutex::new(Vec::new()));
         let devs = devices.clone();
+        let redirects = Arc::new(Mutex::new(Vec::new()));
+        let redirected = redirects.clone();
         std::thread::spawn(move || {
             for s in l.incoming().flatten() {
                 let mut line = String::new();
@@ -230,6 +235,13 @@ pub(crate) mod fake {
                         *mode = Mode::Passthrough;
                         ok()
                     }
+                    (Request::Redirect { proxy, .. }, _) if *mode == Mode::Remote => {
+                        redirected.lock().unwrap().push(proxy.clone());
+                        ok()
+                    }
+                    (Request::Redirect { .. }, _) => Response::error(
+                        "not waiting for crane-proxy (the process is in passthrough)",
+                    ),
                     (Request::Precopy { .. }, _) if *mode == Mode::Passthrough => ok(),
                     (Request::Checkpoint { .. }, _) if *mode == Mode::Remote => ok(),
                     // A move onto other devices from passthrough.
@@ -246,7 +258,12 @@ pub(crate) mod fake {
                 let _ = (&s).write_all(&out);
             }
         });
-        FakeApp { pid, mode, devices }
+        FakeApp {
+            pid,
+            mode,
+            devices,
+            redirects,
+        }
     }
 
     fn ok() -> Response {

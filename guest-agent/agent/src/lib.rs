@@ -12,4 +12,5 @@ pub mod device;
 pub mod holders;
 pub mod migration;
 pub mod modules;
+pub mod proxy_now;
 pub mod standalone;

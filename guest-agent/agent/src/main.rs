@@ -54,6 +54,7 @@ fn main() -> Result<()> {
     };
     let socket = cfg.standalone_socket();
     let domid = cfg.standalone.domid;
+    let run_dir = cfg.run_dir.clone();
     let agent = Agent::new(cfg, modules, probe);
     if standalone {
         let sa = Standalone::new(domid).context("setting up the in-process XenStore")?;
@@ -64,9 +65,14 @@ fn main() -> Result<()> {
             socket.display()
         );
         let guest = sa.guest();
+        let watcher = sa.guest();
+        crane_agent::proxy_now::spawn(move || Ok(watcher), run_dir);
         Daemon::new(&guest, agent).run()?;
     } else {
         let store = crane_xs::system::SystemStore::open().context("connecting to XenStore")?;
+        // Its own connection: the request loop may be held by a
+        // prepare-resume waiting for the very proxy this names.
+        crane_agent::proxy_now::spawn(crane_xs::system::SystemStore::open, run_dir);
         log::info!("watching crane/ in XenStore");
         Daemon::new(&store, agent).run()?;
     }

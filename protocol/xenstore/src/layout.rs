@@ -29,6 +29,10 @@ pub const AGENT_RESPONSE: &str = "crane/agent/response";
 /// Guest-owned: one child per interposed process, named by pid.
 pub const AGENT_APPS: &str = "crane/agent/apps";
 
+/// In a guest's home; dom0-owned, guest-readable: where the guest's
+/// crane-proxy is now (`crate::proxy::ProxyNow`), published again whenever
+/// dom0 (re)starts the proxy or it answers again.
+pub const PROXY_NOW: &str = "crane/proxy-now";
 /// In the proxy domain's home; dom0-owned, readable by the proxy domain: one
 /// child per tenant (a managed guest's name) whose value is that tenant's
 /// proxy session token (`crate::proxy`).

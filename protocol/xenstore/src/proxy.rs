@@ -11,8 +11,8 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::error::XsError;
-use crate::layout::{PROXY_TOKENS, absolute, proxy_token_key, valid_element};
-use crate::message::validate_token;
+use crate::layout::{PROXY_NOW, PROXY_TOKENS, absolute, proxy_token_key, valid_element};
+use crate::message::{validate_proxy, validate_token};
 use crate::perms::{Access, Perm};
 use crate::store::{XsData, XsPerms};
 use crate::value::{Fields, ValueError};
@@ -257,5 +257,134 @@ mod tests {
             0o600
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Longest `crane/proxy-now` value.
+pub const MAX_PROXY_NOW: usize = 600;
+
+/// Where a guest's crane-proxy is now (`crane/proxy-now`): dom0 publishes it
+/// again, with a new `gen`, whenever it (re)starts the proxy domain and when
+/// the proxy answers again; the guest agent then redirects every process
+/// that waits for its dead proxy there (`crane_control::Request::Redirect`),
+/// which also starts their wait again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyNow {
+    /// Changes at every publication (processes are redirected once per gen).
+    pub generation: u64,
+    /// `tcp://HOST:PORT` or `unix:/PATH`.
+    pub proxy: String,
+    /// The guest's session token there (none: the one the processes have).
+    pub token: Option<String>,
+}
+
+impl ProxyNow {
+    pub fn format(&self) -> String {
+        let mut f = Fields::new();
+        f.push("gen", self.generation.to_string())
+            .push("proxy", self.proxy.as_str());
+        if let Some(t) = &self.token {
+            f.push("token", t.as_str());
+        }
+        f.format()
+    }
+
+    pub fn parse(s: &str) -> Result<ProxyNow, ValueError> {
+        let mut f = Fields::parse(s, MAX_PROXY_NOW)?;
+        let generation = f.required_u64("gen")?;
+        let proxy = f.required("proxy")?;
+        validate_proxy(&proxy)?;
+        let token = f.take("token");
+        if let Some(t) = &token {
+            validate_token(t)?;
+        }
+        f.finish()?;
+        Ok(ProxyNow {
+            generation,
+            proxy,
+            token,
+        })
+    }
+}
+
+/// dom0: publishes `now` in guest `domid`'s `crane/proxy-now`, owned by dom0
+/// and readable by the guest alone.
+pub fn publish_proxy_now<S: XsData + XsPerms>(
+    store: &S,
+    domid: u16,
+    now: &ProxyNow,
+) -> Result<(), XsError> {
+    let key = absolute(domid, PROXY_NOW);
+    store.write(&key, &now.format())?;
+    store.set_perms(
+        &key,
+        &[Perm::new(0, Access::None), Perm::new(domid, Access::Read)],
+    )
+}
+
+/// The guest: where its crane-proxy is now, if dom0 said; a value that does
+/// not parse is an error naming why (the token is never shown).
+pub fn read_proxy_now<S: XsData>(store: &S) -> Result<Option<ProxyNow>, ValueError> {
+    match store.read(PROXY_NOW) {
+        Ok(Some(raw)) => ProxyNow::parse(&raw).map(Some),
+        Ok(None) | Err(_) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod proxy_now_tests {
+    use super::*;
+    use crate::mem::MemStore;
+
+    #[test]
+    fn proxy_now_round_trips_and_rejects_bad_values() {
+        let now = ProxyNow {
+            generation: 3,
+            proxy: "tcp://10.77.0.2:7000".into(),
+            token: Some("abc-DEF_1".into()),
+        };
+        assert_eq!(ProxyNow::parse(&now.format()).unwrap(), now);
+        let bare = ProxyNow {
+            token: None,
+            ..now.clone()
+        };
+        assert_eq!(ProxyNow::parse(&bare.format()).unwrap(), bare);
+        for bad in [
+            "proxy=tcp://10.77.0.2:7000",
+            "gen=x proxy=tcp://10.77.0.2:7000",
+            "gen=1 proxy=http://evil",
+            "gen=1 proxy=tcp://h:7000 token=a;b",
+            "gen=1 proxy=tcp://h:7000 extra=1",
+        ] {
+            assert!(ProxyNow::parse(bad).is_err(), "{bad}");
+        }
+        let e = ProxyNow::parse("gen=1 proxy=tcp://h:7000 token=sec;ret")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("sec;ret"), "the token shows in {e}");
+    }
+
+    #[test]
+    fn dom0_publishes_it_for_the_guest_alone() {
+        let store = MemStore::new();
+        let dom0 = store.connect(0);
+        let now = ProxyNow {
+            generation: 1,
+            proxy: "unix:/run/crane/proxy.sock".into(),
+            token: None,
+        };
+        publish_proxy_now(&dom0, 7, &now).unwrap();
+        let key = absolute(7, PROXY_NOW);
+        assert_eq!(
+            dom0.read(&key).unwrap().as_deref(),
+            Some(now.format().as_str())
+        );
+        assert_eq!(
+            dom0.get_perms(&key).unwrap(),
+            vec![Perm::new(0, Access::None), Perm::new(7, Access::Read)]
+        );
+        // The guest reads it (relative); another guest may not.
+        assert_eq!(read_proxy_now(&store.connect(7)).unwrap(), Some(now));
+        assert!(store.connect(8).read(&key).is_err());
     }
 }
