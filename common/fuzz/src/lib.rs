@@ -99,6 +99,14 @@ pub fn xenstore(data: &[u8]) {
     let _ = perms::Perm::parse(&s);
     let _ = value::Fields::parse(&s, 4096);
     let _ = craned::journal::Entry::parse(&s);
+    // What the agent reads from crane/proxy-now: whatever parses formats to
+    // what parses to the same.
+    if let Ok(now) = crane_xs::proxy::ProxyNow::parse(&s) {
+        assert_eq!(
+            crane_xs::proxy::ProxyNow::parse(&now.format()).ok(),
+            Some(now)
+        );
+    }
 }
 
 pub fn config(data: &[u8]) {
