@@ -33,39 +33,13 @@ fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
     });
     let (ready, _) = warm::counts();
     let mut c = p.client(TOKEN_A);
-    let platform = c.id();
-    let (a, _) = c.call(
-        Call::GetPlatformIds {
-            ids: vec![platform],
-        },
-        &[],
-    );
-    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
-    let device = c.id();
-    let (a, _) = c.call(
-        Call::GetDeviceIds {
-            platform,
-            device_type: CL_DEVICE_TYPE_ALL,
-            ids: vec![device],
-        },
-        &[],
-    );
-    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
-    let context = c.id();
-    c.post(
-        Call::CreateContext {
-            id: context,
-            props: vec![CL_CONTEXT_PLATFORM, platform],
-            devices: vec![device],
-        },
-        &[],
-    );
+    let env = setup_posted(&mut c);
     // A call with an answer, not a Sync: the context was made (taken), and
     // no replacement is being made yet.
     let (a, _) = c.call(
         Call::GetInfo {
             kind: InfoKind::Context,
-            object: context,
+            object: env.context,
             param: CL_CONTEXT_NUM_DEVICES,
         },
         &[],
@@ -82,35 +56,11 @@ fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
     });
     // A session that ends without a Sync still starts what it owes.
     let mut d = p.client(TOKEN_A);
-    let env_ids = (d.id(), d.id(), d.id());
-    let (a, _) = d.call(
-        Call::GetPlatformIds {
-            ids: vec![env_ids.0],
-        },
-        &[],
-    );
-    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
-    let (a, _) = d.call(
-        Call::GetDeviceIds {
-            platform: env_ids.0,
-            device_type: CL_DEVICE_TYPE_ALL,
-            ids: vec![env_ids.1],
-        },
-        &[],
-    );
-    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
-    d.post(
-        Call::CreateContext {
-            id: env_ids.2,
-            props: vec![CL_CONTEXT_PLATFORM, env_ids.0],
-            devices: vec![env_ids.1],
-        },
-        &[],
-    );
+    let env = setup_posted(&mut d);
     let (a, _) = d.call(
         Call::GetInfo {
             kind: InfoKind::Context,
-            object: env_ids.2,
+            object: env.context,
             param: CL_CONTEXT_NUM_DEVICES,
         },
         &[],

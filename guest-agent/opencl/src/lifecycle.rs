@@ -1833,7 +1833,36 @@ pub fn go_remote(
     let waited = Instant::now();
     let released = releaser.finish();
     let mut res = residue();
-    res.libraries_still_mapped = released.still_mapped;
+    res.libraries_still_mapped = released.still_mapped.clone();
+    match end_move(&mut tm, &released, parallel, early, waited, rebuilt, before) {
+        Ok(()) => Ok((tm.phases, res)),
+        Err((e, back)) => {
+            let back = match back {
+                Ok(()) => "it carries on locally".to_string(),
+                Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
+            };
+            Err(format!(
+                "moving to crane-proxy at {addr} failed: {e}; {back}"
+            ))
+        }
+    }
+}
+
+/// The end of a move between the local vendor and crane-proxy: the
+/// release's phases (`parallel` where they ran beside), then, if the
+/// rebuild worked, its phases and `wait-release` (and the application's
+/// calls let through, if they were not yet: `early`); if it did not, the
+/// process goes back to `before` with a resume there, whose outcome comes
+/// with the rebuild's error.
+fn end_move(
+    tm: &mut Timer,
+    released: &Released,
+    parallel: bool,
+    early: bool,
+    waited: Instant,
+    rebuilt: Result<Vec<Phase>, String>,
+    before: Target,
+) -> Result<(), (String, Result<(), String>)> {
     for (name, d) in [("release", released.release), ("unload", released.unload)] {
         tm.phases.push(Phase {
             name: name.into(),
@@ -1854,17 +1883,11 @@ pub fn go_remote(
             if !early {
                 reopen();
             }
-            Ok((tm.phases, res))
+            Ok(())
         }
         Err(e) => {
             vendor::set_target(before);
-            let back = match resume() {
-                Ok(_) => "it carries on locally".to_string(),
-                Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
-            };
-            Err(format!(
-                "moving to crane-proxy at {addr} failed: {e}; {back}"
-            ))
+            Err((e, resume().map(|_| ())))
         }
     }
 }
@@ -2064,33 +2087,12 @@ fn go_local_from_remote(
         (Some((held, detached)), _) => release_and_close(held, detached),
         (None, first) => first.unwrap_or_default(),
     };
-    for (name, d) in [("release", released.release), ("unload", released.unload)] {
-        tm.phases.push(Phase {
-            name: name.into(),
-            ms: d.as_secs_f64() * 1e3,
-            bytes: 0,
-            parallel,
-        });
-    }
-    match rebuilt {
-        Ok(p) => {
-            tm.phases.extend(p);
-            tm.phases.push(Phase {
-                name: "wait-release".into(),
-                ms: waited.elapsed().as_secs_f64() * 1e3,
-                bytes: 0,
-                parallel: early,
-            });
-            if !early {
-                reopen();
-            }
-            Ok(tm.phases)
-        }
-        Err(e) => {
-            // Back onto crane-proxy (a new session, rebuilt from RAM).
-            vendor::set_target(before);
-            let back = match resume() {
-                Ok(_) => "it carries on on crane-proxy".to_string(),
+    // On failure, back onto crane-proxy (a new session, rebuilt from RAM).
+    match end_move(&mut tm, &released, parallel, early, waited, rebuilt, before) {
+        Ok(()) => Ok(tm.phases),
+        Err((e, back)) => {
+            let back = match back {
+                Ok(()) => "it carries on on crane-proxy".to_string(),
                 Err(e2) => format!(
                     "resuming on crane-proxy failed too ({e2}); it stays suspended \
                      (retry, or go remote again)"

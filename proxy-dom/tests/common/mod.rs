@@ -497,6 +497,52 @@ pub fn setup(c: &mut Client) -> Env {
     }
 }
 
+/// [`setup`] as a move's rebuild does it: the context and queue posted, no
+/// Sync (a Sync would start the warm context's replacement, and with it a
+/// slower device while it is made).
+pub fn setup_posted(c: &mut Client) -> Env {
+    let (platform, device, context, queue) = (c.id(), c.id(), c.id(), c.id());
+    let (a, _) = c.call(
+        Call::GetPlatformIds {
+            ids: vec![platform],
+        },
+        &[],
+    );
+    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
+    let (a, _) = c.call(
+        Call::GetDeviceIds {
+            platform,
+            device_type: CL_DEVICE_TYPE_ALL,
+            ids: vec![device],
+        },
+        &[],
+    );
+    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
+    c.post(
+        Call::CreateContext {
+            id: context,
+            props: vec![CL_CONTEXT_PLATFORM, platform],
+            devices: vec![device],
+        },
+        &[],
+    );
+    c.post(
+        Call::CreateQueue {
+            id: queue,
+            context,
+            device,
+            props: vec![],
+        },
+        &[],
+    );
+    Env {
+        platform,
+        device,
+        context,
+        queue,
+    }
+}
+
 /// Creates and builds a program; panics with the build log on failure.
 pub fn build(c: &mut Client, env: &Env, source: &str) -> Id {
     let program = c.id();
