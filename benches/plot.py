@@ -5,11 +5,12 @@ and `cargo xtask bench-stoppage --out` (needs gnuplot).
   benches/plot.py data NEW.json OUT.png [--old OLD.json] [--size BYTES]
       crane's speed as a share of native's per transfer path at one size
       (default 256 MiB), for one build or two.
-  benches/plot.py stoppage STOPPAGE.json OUT.png [REWRITE]
+  benches/plot.py stoppage STOPPAGE.json OUT.png [REWRITE [TITLE]]
       crane's account of each step's stoppage (ms) by memory size, at one
       rewrite rate (default 0): the first suspend of each size, a suspend
-      right after a pre-copy, and resume, move to crane-proxy and move back
-      (means of the repeats).
+      right after a pre-copy, and resume, move to crane-proxy and move back,
+      each with and without a pre-copy (means of the repeats; the steps the
+      run has). TITLE names the machine (default: NVIDIA H200).
 """
 import json
 import subprocess
@@ -70,12 +71,15 @@ def stoppage(args):
     steps = json.load(open(args[0]))
     out = args[1]
     rate = float(args[2]) if len(args) > 2 else 0.0
+    machine = args[3] if len(args) > 3 else "NVIDIA H200"
     names = {
         "suspend": "suspend (first: all dirty)",
         "pc-suspend": "suspend after a pre-copy",
         "resume": "resume",
         "remote": "move to crane-proxy",
+        "pc-remote": "move to crane-proxy after a pre-copy",
         "local": "move back",
+        "pc-local": "move back after a pre-copy",
     }
     series = {n: {} for n in names.values()}
     seen = set()
@@ -95,6 +99,8 @@ def stoppage(args):
     }
     files = []
     for name, pts in series.items():
+        if not pts:
+            continue
         with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
             for x, y in pts:
                 t.write(f"{x} {y}\n")
@@ -103,7 +109,7 @@ def stoppage(args):
     gnuplot(
         f"""set terminal pngcairo size 900,520 font ',10'
 set output '{out}'
-set title 'Stoppage by memory held (crane per-phase account), NVIDIA H200'
+set title 'Stoppage by memory held (crane per-phase account), {machine}, {rate:g}% rewritten per second'
 set logscale xy
 set xlabel 'device memory held by the application (MiB)'
 set ylabel 'stoppage (ms)'
