@@ -421,6 +421,19 @@ pub struct Executable {
     pub logs: Vec<Vec<u8>>,
 }
 
+/// The log kept for the device whose vendor handle is `vendor_device`,
+/// among kept `binaries` (per device) and their `logs`.
+pub fn kept_log<'a>(
+    binaries: &[(Arc<Device>, DeviceId, Vec<u8>)],
+    logs: &'a [Vec<u8>],
+    vendor_device: *mut std::ffi::c_void,
+) -> Option<&'a [u8]> {
+    let i = binaries
+        .iter()
+        .position(|(dev, _, _)| dev.base.vendor() == vendor_device)?;
+    logs.get(i).map(Vec::as_slice)
+}
+
 impl Program {
     pub fn arg_info_hidden(&self) -> bool {
         self.arg_info_hidden.load(Ordering::Relaxed)

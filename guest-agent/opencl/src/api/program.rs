@@ -1338,17 +1338,16 @@ pub unsafe extern "C" fn clGetProgramBuildInfo(
                 return write_info(o.as_bytes_with_nul(), size, value, size_ret);
             }
         }
+        // Made from a kept compiled object (the vendor saw no compile) or
+        // executable: the log kept with it, and a compile that succeeded.
         if prog.from_compiled.load(Ordering::Relaxed) {
-            // Made from the kept compiled object: the vendor saw no compile.
             let kept = prog.compiled.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(c) = kept.as_ref()
-                && let Some(i) = c
-                    .binaries
-                    .iter()
-                    .position(|(dev, _, _)| dev.base.vendor() == vd)
+            if let Some(log) = kept
+                .as_ref()
+                .and_then(|c| kept_log(&c.binaries, &c.logs, vd))
             {
                 match param {
-                    CL_PROGRAM_BUILD_LOG => return write_info(&c.logs[i], size, value, size_ret),
+                    CL_PROGRAM_BUILD_LOG => return write_info(log, size, value, size_ret),
                     CL_PROGRAM_BUILD_STATUS => {
                         return write_info(bytes_of(&CL_BUILD_SUCCESS), size, value, size_ret);
                     }
@@ -1358,13 +1357,8 @@ pub unsafe extern "C" fn clGetProgramBuildInfo(
         }
         if param == CL_PROGRAM_BUILD_LOG && prog.from_executable.load(Ordering::Relaxed) {
             let kept = prog.executables.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(e) = kept.last()
-                && let Some(i) = e
-                    .binaries
-                    .iter()
-                    .position(|(dev, _, _)| dev.base.vendor() == vd)
-            {
-                return write_info(&e.logs[i], size, value, size_ret);
+            if let Some(log) = kept.last().and_then(|e| kept_log(&e.binaries, &e.logs, vd)) {
+                return write_info(log, size, value, size_ret);
             }
         }
         let v = prog.base.vendor();
