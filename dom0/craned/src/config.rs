@@ -100,6 +100,11 @@ pub struct ProxyConfig {
     pub boot_grace_ms: u64,
     /// Consecutive failed checks after which craned recreates the proxy.
     pub failures_before_restart: u32,
+    /// While a proxy domain craned created again does not answer yet, the
+    /// guests are told where it is again this often (`crane/proxy-now`):
+    /// each time their processes waiting for it wait anew, so keep it below
+    /// their wait (`CRANE_REMOTE_RECOVER_S`, 60 s by default).
+    pub retell_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -143,6 +148,7 @@ impl Default for ProxyConfig {
             health_timeout_ms: 2_000,
             boot_grace_ms: 120_000,
             failures_before_restart: 6,
+            retell_ms: 20_000,
         }
     }
 }

@@ -50,8 +50,10 @@ pub struct ProxySupervisor {
     failures: u32,
     started: Option<Instant>,
     check: Box<HealthCheck>,
-    /// The last generation of `crane/proxy-now` published to the guests.
+    /// The last generation of `crane/proxy-now` published to the guests,
+    /// and when.
     told: u64,
+    told_at: Option<Instant>,
 }
 
 impl ProxySupervisor {
@@ -69,6 +71,7 @@ impl ProxySupervisor {
             started: None,
             check,
             told: 0,
+            told_at: None,
         }
     }
 
@@ -94,6 +97,7 @@ impl ProxySupervisor {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         self.told = ms.max(self.told + 1);
+        self.told_at = Some(Instant::now());
         let mut told = 0;
         for g in &cfg.guests {
             let Ok(Some(domid)) = xl.domid(g) else {
@@ -193,9 +197,16 @@ impl ProxySupervisor {
         self.supervise(store, xl, cfg, secret);
         if self.status.restarts > restarts {
             self.tell_guests(store, xl, cfg, secret, "the proxy domain was created again");
-        }
-        if self.status.healthy && !was_healthy {
+        } else if self.status.healthy && !was_healthy {
             self.tell_guests(store, xl, cfg, secret, "crane-proxy answers");
+        } else if !self.status.healthy
+            && self.status.restarts > 0
+            && self
+                .told_at
+                .is_some_and(|t| t.elapsed() >= Duration::from_millis(cfg.proxy.retell_ms))
+        {
+            // Booting still: the processes waiting for it wait anew.
+            self.tell_guests(store, xl, cfg, secret, "the proxy domain is still starting");
         }
     }
 
@@ -435,7 +446,8 @@ mod tests {
 
     #[test]
     fn guests_are_told_where_the_proxy_is_when_it_comes_back() {
-        let cfg = config();
+        let mut cfg = config();
+        cfg.proxy.retell_ms = 0;
         let store = MemStore::new();
         store.introduce(9);
         let dom0 = store.connect(0);
@@ -465,6 +477,12 @@ mod tests {
         assert_eq!(sup.status().restarts, 1);
         let recreated = proxy_now(&store, 9).unwrap();
         assert!(recreated.generation > first.generation);
+        // Booting for longer than the processes wait: told again every
+        // `retell_ms` (0 here: every tick) until it answers.
+        sup.tick(&dom0, &xl, &cfg, Some(SECRET));
+        let booting = proxy_now(&store, 9).unwrap();
+        assert!(booting.generation > recreated.generation);
+        let recreated = booting;
         *up.lock().unwrap() = true;
         sup.tick(&dom0, &xl, &cfg, Some(SECRET));
         let answers = proxy_now(&store, 9).unwrap();
