@@ -143,7 +143,7 @@ pub fn save_executable(p: &Program) {
     let mut kept = p.executables.lock().unwrap_or_else(|e| e.into_inner());
     // Kept for an older build: of no use any more.
     kept.retain(|e| e.steps == steps);
-    if v.is_null() || kept.iter().any(is_current) {
+    if v.is_null() || kept.iter().any(is_current) || long_kernel_name(v) {
         return;
     }
     let saved =
@@ -158,6 +158,27 @@ pub fn save_executable(p: &Program) {
         Ok(e) => kept.push(e),
         Err(e) => crate::config::debug!("the executable of a program is not read: {e}"),
     }
+}
+
+/// Kernel names longer than this keep a program from being made from its
+/// kept executable: PoCL files a binary program's kernels under a longer
+/// cache path than a program built from source, and asserts (aborting the
+/// process) when a kernel's path passes its limit: the CTS's
+/// `kernel_name_size`, whose kernel name is the longest allowed, crashed at
+/// a move (docs/conformance.md). Such programs are built from source again.
+const LONGEST_REUSED_KERNEL_NAME: usize = 128;
+
+/// Whether vendor program `v` has a kernel whose name is longer than
+/// [`LONGEST_REUSED_KERNEL_NAME`] (unknown: no).
+fn long_kernel_name(v: *mut c_void) -> bool {
+    crate::vendor::info_string(v, |d| {
+        d.clGetProgramInfo.map(|f| (f, CL_PROGRAM_KERNEL_NAMES))
+    })
+    .is_some_and(|names| {
+        names
+            .split(';')
+            .any(|n| n.len() > LONGEST_REUSED_KERNEL_NAME)
+    })
 }
 
 /// Whether binaries are for the devices their program's devices are now.
