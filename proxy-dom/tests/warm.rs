@@ -23,6 +23,22 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Makes a context as a rebuild does (posted, no Sync), then asks a
+/// question with an answer that is not a Sync: the context was made (the
+/// warm one taken) by the time the answer comes.
+fn context_made(c: &mut Client) {
+    let env = setup_posted(c);
+    let (a, _) = c.call(
+        Call::GetInfo {
+            kind: InfoKind::Context,
+            object: env.context,
+            param: CL_CONTEXT_NUM_DEVICES,
+        },
+        &[],
+    );
+    assert_eq!(a, Answer::Info(0));
+}
+
 #[test]
 fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
     let p = TestProxy::start(|_| {});
@@ -33,18 +49,7 @@ fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
     });
     let (ready, _) = warm::counts();
     let mut c = p.client(TOKEN_A);
-    let env = setup_posted(&mut c);
-    // A call with an answer, not a Sync: the context was made (taken), and
-    // no replacement is being made yet.
-    let (a, _) = c.call(
-        Call::GetInfo {
-            kind: InfoKind::Context,
-            object: env.context,
-            param: CL_CONTEXT_NUM_DEVICES,
-        },
-        &[],
-    );
-    assert_eq!(a, Answer::Info(0));
+    context_made(&mut c);
     assert_eq!(
         warm::counts(),
         (ready - 1, 0),
@@ -56,16 +61,7 @@ fn a_taken_warm_context_is_replaced_after_the_sessions_next_sync() {
     });
     // A session that ends without a Sync still starts what it owes.
     let mut d = p.client(TOKEN_A);
-    let env = setup_posted(&mut d);
-    let (a, _) = d.call(
-        Call::GetInfo {
-            kind: InfoKind::Context,
-            object: env.context,
-            param: CL_CONTEXT_NUM_DEVICES,
-        },
-        &[],
-    );
-    assert_eq!(a, Answer::Info(0));
+    context_made(&mut d);
     assert_eq!(warm::counts(), (ready - 1, 0));
     d.kill();
     wait_for("the replacement after the session ended", || {

@@ -1926,6 +1926,9 @@ enum Releaser {
         thread: Option<std::thread::JoinHandle<Released>>,
         work: Work,
     },
+    /// Done when [`finish`](Releaser::finish) is called (a move back: after
+    /// the application runs locally again).
+    Later(Held, vendor::Detached),
 }
 
 impl Releaser {
@@ -1956,6 +1959,7 @@ impl Releaser {
     fn finish(self) -> Released {
         let (thread, work) = match self {
             Releaser::Done(r) => return r,
+            Releaser::Later(held, detached) => return release_and_close(held, detached),
             Releaser::Helper { thread, work } => (thread, work),
         };
         let joined = thread.and_then(|t| {
@@ -2069,10 +2073,10 @@ fn go_local_from_remote(
     let parallel = crate::config::get().parallel_release;
     let before = vendor::target();
     let (held, detached) = (take_vendor_objects(), vendor::detach());
-    let (later, first) = if parallel {
-        (Some((held, detached)), None)
+    let releaser = if parallel {
+        Releaser::Later(held, detached)
     } else {
-        (None, Some(release_and_close(held, detached)))
+        Releaser::Done(release_and_close(held, detached))
     };
     set_mode(Mode::Suspended);
     vendor::set_target(Target::Local);
@@ -2083,10 +2087,7 @@ fn go_local_from_remote(
         reopen();
     }
     let waited = Instant::now();
-    let released = match (later, first) {
-        (Some((held, detached)), _) => release_and_close(held, detached),
-        (None, first) => first.unwrap_or_default(),
-    };
+    let released = releaser.finish();
     // On failure, back onto crane-proxy (a new session, rebuilt from RAM).
     match end_move(&mut tm, &released, parallel, early, waited, rebuilt, before) {
         Ok(()) => Ok(tm.phases),

@@ -63,6 +63,19 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Waits for `child` to end: successfully, its session taken back by
+/// `proxy`, with the result `want`.
+fn ended_on(child: Child, proxy: &Proxy, want: &str) {
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("{} took the session back", proxy.addr)),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
+
 /// Runs `app` on a proxy killed and restarted at random moments; the run
 /// must print the native result after at least two kills.
 ///
@@ -323,14 +336,7 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("{} took the session back", second.addr)),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(result_line(&out.stdout), want);
+    ended_on(child, &second, &want);
 }
 
 /// A redirect (`cranectl redirect`) to a process that waits for no proxy
@@ -383,14 +389,7 @@ fn a_redirect_names_the_proxy_and_waits_again() {
     std::thread::sleep(Duration::from_millis(3600).saturating_sub(killed.elapsed()));
     second.restart();
     std::fs::write(&release, b"").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains(&format!("{} took the session back", second.addr)),
-        "{}",
-        stderr(&out)
-    );
-    assert_eq!(result_line(&out.stdout), want);
+    ended_on(child, &second, &want);
 }
 
 /// With no proxy to go to, the process's OpenCL calls fail with a clear

@@ -445,6 +445,15 @@ pub struct Env {
 }
 
 pub fn setup(c: &mut Client) -> Env {
+    let env = setup_posted(c);
+    assert_eq!(c.sync(), vec![]);
+    env
+}
+
+/// [`setup`] as a move's rebuild does it: the context and queue posted, no
+/// Sync (a Sync would start the warm context's replacement, and with it a
+/// slower device while it is made).
+pub fn setup_posted(c: &mut Client) -> Env {
     let platform = c.id();
     let (a, _) = c.call(
         Call::GetPlatformIds {
@@ -479,53 +488,6 @@ pub fn setup(c: &mut Client) -> Env {
         &[],
     );
     let queue = c.id();
-    c.post(
-        Call::CreateQueue {
-            id: queue,
-            context,
-            device,
-            props: vec![],
-        },
-        &[],
-    );
-    assert_eq!(c.sync(), vec![]);
-    Env {
-        platform,
-        device,
-        context,
-        queue,
-    }
-}
-
-/// [`setup`] as a move's rebuild does it: the context and queue posted, no
-/// Sync (a Sync would start the warm context's replacement, and with it a
-/// slower device while it is made).
-pub fn setup_posted(c: &mut Client) -> Env {
-    let (platform, device, context, queue) = (c.id(), c.id(), c.id(), c.id());
-    let (a, _) = c.call(
-        Call::GetPlatformIds {
-            ids: vec![platform],
-        },
-        &[],
-    );
-    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
-    let (a, _) = c.call(
-        Call::GetDeviceIds {
-            platform,
-            device_type: CL_DEVICE_TYPE_ALL,
-            ids: vec![device],
-        },
-        &[],
-    );
-    assert!(matches!(a, Answer::Count { status: 0, .. }), "{a:?}");
-    c.post(
-        Call::CreateContext {
-            id: context,
-            props: vec![CL_CONTEXT_PLATFORM, platform],
-            devices: vec![device],
-        },
-        &[],
-    );
     c.post(
         Call::CreateQueue {
             id: queue,
