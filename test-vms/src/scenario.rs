@@ -317,6 +317,9 @@ pub struct Report {
     pub refused: Option<String>,
     /// What happened when the proxy domain was destroyed ([`proxy_recreated`]).
     pub recreated: String,
+    /// The proxy domain destroyed under the program
+    /// ([`proxy_death_under_program`]), for a program that holds.
+    pub proxy_death: Option<String>,
 }
 
 impl Report {
@@ -381,6 +384,9 @@ impl Report {
             self.crane.seconds,
             self.migrations.len()
         );
+        if let Some(death) = &self.proxy_death {
+            let _ = write!(out, "{}", death.replace("crane: ", ""));
+        }
         let _ = write!(out, "{}", self.recreated.replace("crane: ", ""));
         out
     }
@@ -605,6 +611,102 @@ pub fn proxy_recreated(s: &Session) -> anyhow::Result<String> {
          with its GPU and the guest's token, crane-proxy answering after {seconds:.0} s\n",
         after.domid.unwrap_or_default()
     ))
+}
+
+/// crane-proxy's death under a program on it, on host 0. The program (holding, one
+/// small blocking read every [`HOLD_CHECK_MS`]) is moved to crane-proxy with
+/// `cranectl remote` and the guest's token; the proxy domain is destroyed (`xl
+/// destroy`: nothing reaches the guest, no FIN, no RST) and craned creates it again
+/// ([`proxy_recreated`]). craned tells the guest where crane-proxy is now
+/// (`crane/proxy-now`), crane-agent redirects the program, which leaves its silent
+/// connection, waits for the new proxy (not for its own TCP timeout) and replays its
+/// session there; `cranectl local` brings it home. The program's result, compared
+/// with the native run's at the end, shows that nothing was lost. Returns what
+/// happened, with the program's and the agent's account of it.
+pub fn proxy_death_under_program(s: &Session, pid: u32) -> anyhow::Result<String> {
+    const TOKEN: &str = "/run/crane/proxy-token";
+    let token = s.domu(
+        0,
+        PROXY,
+        &format!("sed -n 's/ {GUEST}$//p' {PROXY_TOKEN_FILE}"),
+    )?;
+    let token = token.trim();
+    ensure!(
+        !token.is_empty(),
+        "no token for {GUEST} in the proxy domain"
+    );
+    let addr = format!("tcp://{PROXY_IP}:{PROXY_PORT}");
+    let moved = s.domu(
+        0,
+        GUEST,
+        &format!(
+            "(umask 077 && printf %s {} > {TOKEN}) && \
+             cranectl remote {pid} --proxy {addr} --token-file {TOKEN} 2>&1; echo status=$?",
+            shell_quote(token)
+        ),
+    )?;
+    ensure!(
+        moved.contains("status=0"),
+        "cranectl remote failed: {moved}"
+    );
+    let status = app_status(s, 0, pid)?.context("the program has no control socket")?;
+    ensure!(
+        status.mode == Mode::Remote,
+        "pid {pid} after cranectl remote: {status:?}"
+    );
+    let started = Instant::now();
+    let recreated = proxy_recreated(s)?;
+    // Shell built-ins only (see `wait_holding`).
+    let err = wait_in(
+        s,
+        0,
+        GUEST,
+        &format!(
+            "{{ h=; while IFS= read -r l; do case \"$l\" in *'took the session back'*) h=1; break;; esac; \
+             done < {APP_DIR}/err; [ -n \"$h\" ] || ! [ -d /proc/{pid} ]; }}"
+        ),
+        Duration::from_secs(300),
+        &format!("cat {APP_DIR}/err"),
+    )?;
+    let seconds = started.elapsed().as_secs_f64();
+    let account: Vec<&str> = err.lines().filter(|l| l.starts_with("crane")).collect();
+    ensure!(
+        err.contains(&format!("crane-proxy at {addr} took the session back")),
+        "the program did not take its session back to the recreated proxy:\n{err}"
+    );
+    let agent = s.domu(
+        0,
+        GUEST,
+        "grep -a 'crane-proxy is now at' /var/log/crane-agent.log; true",
+    )?;
+    ensure!(
+        agent.contains("on crane-proxy redirected there"),
+        "crane-agent redirected no process:\n{agent}"
+    );
+    let home = s.domu(
+        0,
+        GUEST,
+        &format!("cranectl local {pid} 2>&1; echo status=$?"),
+    )?;
+    ensure!(home.contains("status=0"), "cranectl local failed: {home}");
+    let status = app_status(s, 0, pid)?.context("the program has no control socket")?;
+    ensure!(
+        status.mode == Mode::Passthrough,
+        "pid {pid} after cranectl local: {status:?}"
+    );
+    let mut log = recreated;
+    let _ = writeln!(
+        log,
+        "crane: pid {pid} on crane-proxy when its domain was destroyed: its session taken \
+         back by the recreated proxy {seconds:.0} s after the destruction, then home again"
+    );
+    for line in account {
+        let _ = writeln!(log, "    program: {line}");
+    }
+    for line in agent.lines() {
+        let _ = writeln!(log, "    crane-agent: {line}");
+    }
+    Ok(log)
 }
 
 /// Waits until the guest's agent has published its state in XenStore (craned set up
@@ -2213,6 +2315,7 @@ fn run_inner(s: &mut Session, app: &App, scope: Scope) -> anyhow::Result<Report>
     } else {
         (&moves[..], None)
     };
+    let mut proxy_death = None;
     for &how in sequential {
         if !app.holds() && app_ended(s, here)? {
             eprintln!("the program has ended; no more moves");
@@ -2225,6 +2328,15 @@ fn run_inner(s: &mut Session, app: &App, scope: Scope) -> anyhow::Result<Report>
         s.phase(&how.describe_in(scope));
         here = how.destination();
         migrations.push(m);
+        // After the first move (the proxy has the program's kernels): the proxy
+        // domain destroyed under the program.
+        if app.holds() && proxy_death.is_none() && here == 0 {
+            let death = proxy_death_under_program(s, pid)
+                .context("the proxy domain destroyed under the program")?;
+            eprint!("{death}");
+            s.phase("the program moved to crane-proxy, the proxy domain destroyed under it: craned recreated it and told the guest, the program replayed its session there, then home");
+            proxy_death = Some(death);
+        }
     }
     ensure!(
         !migrations.is_empty(),
@@ -2276,11 +2388,18 @@ fn run_inner(s: &mut Session, app: &App, scope: Scope) -> anyhow::Result<Report>
             let crane = release(s, here, app, crane_started)?;
             s.phase("the program under crane released and finished");
             proxy.log = s.domu(0, PROXY, "cat /var/log/crane-proxy.log")?;
-            let recreated = proxy_recreated(s).context("the proxy domain destroyed")?;
-            eprint!("{recreated}");
-            s.phase(
-                "the proxy domain destroyed: craned recreated it, its GPU bound, crane-proxy answering",
-            );
+            // Destroyed once already with the program on it.
+            let recreated = match &proxy_death {
+                Some(death) => death.clone(),
+                None => {
+                    let recreated = proxy_recreated(s).context("the proxy domain destroyed")?;
+                    eprint!("{recreated}");
+                    s.phase(
+                        "the proxy domain destroyed: craned recreated it, its GPU bound, crane-proxy answering",
+                    );
+                    recreated
+                }
+            };
             (crane, recreated)
         }
     };
@@ -2300,6 +2419,7 @@ fn run_inner(s: &mut Session, app: &App, scope: Scope) -> anyhow::Result<Report>
         by_hand: checks.as_ref().and_then(|c| c.0.clone()),
         refused: checks.map(|c| c.1),
         recreated,
+        proxy_death,
     })
 }
 

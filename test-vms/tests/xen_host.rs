@@ -266,6 +266,18 @@ fn crane_migrates_an_opencl_program_between_emulated_xen_hosts() {
         report.proxy.log
     );
 
+    // The proxy domain destroyed under the program: craned created it again and
+    // told the guest, the program replayed its session there (its result, checked
+    // above, is the native one).
+    let death = report.proxy_death.as_deref().unwrap_or_default();
+    for want in [
+        "craned created it again",
+        "took the session back",
+        "on crane-proxy redirected there",
+    ] {
+        assert!(death.contains(want), "no {want:?} in:\n{death}");
+    }
+
     // The proxy domain destroyed: craned created it again, with its GPU and the
     // guest's token, and crane-proxy answers.
     assert!(

@@ -239,9 +239,9 @@ pub(crate) mod fake {
                         redirected.lock().unwrap().push(proxy.clone());
                         ok()
                     }
-                    (Request::Redirect { .. }, _) => Response::error(
-                        "not waiting for crane-proxy (the process is in passthrough)",
-                    ),
+                    (Request::Redirect { .. }, _) => {
+                        Response::error("not on crane-proxy (the process is in passthrough)")
+                    }
                     (Request::Precopy { .. }, _) if *mode == Mode::Passthrough => ok(),
                     (Request::Checkpoint { .. }, _) if *mode == Mode::Remote => ok(),
                     // A move onto other devices from passthrough.

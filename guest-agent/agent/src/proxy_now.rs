@@ -5,8 +5,12 @@
 //! generation. At every new generation the agent sends each interposed
 //! process a `Redirect` (answered at once): a process waiting for its dead
 //! proxy replays its session there and waits again from now (a proxy domain
-//! may take longer to boot than a process waits by default); the others
-//! answer that they wait for none, and nothing happens to them.
+//! may take longer to boot than a process waits by default); one on a
+//! connection that still looks alive keeps the address for a recovery and
+//! leaves the connection if TCP sees its peer gone (a destroyed proxy
+//! domain closes nothing: without this, the process would notice only after
+//! its TCP timeout); the others (not on crane-proxy) refuse, and nothing
+//! happens to them.
 //!
 //! It runs on a thread and a XenStore connection of its own, not in the
 //! request loop: a prepare-resume whose processes wait for that very proxy
@@ -36,9 +40,10 @@ const ANSWER: Duration = Duration::from_secs(5);
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Redirected {
     pub generation: u64,
-    /// Processes that were waiting and now wait for the named proxy.
+    /// Processes on crane-proxy that took the address (those waiting
+    /// replay there now; the others keep it for a recovery).
     pub redirected: usize,
-    /// Processes that waited for none, or did not answer.
+    /// Processes not on crane-proxy, or that did not answer.
     pub others: usize,
 }
 
@@ -95,13 +100,13 @@ impl<'s, S: XenStore> Watcher<'s, S> {
         };
         if redirected > 0 {
             log::warn!(
-                "crane-proxy is now at {} (generation {}): {redirected} process(es) waiting for it redirected there",
+                "crane-proxy is now at {} (generation {}): {redirected} process(es) on crane-proxy redirected there",
                 now.proxy,
                 now.generation
             );
         } else {
             log::info!(
-                "crane-proxy is now at {} (generation {}): no process waits for it",
+                "crane-proxy is now at {} (generation {}): no process on crane-proxy",
                 now.proxy,
                 now.generation
             );

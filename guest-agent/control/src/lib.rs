@@ -100,9 +100,12 @@ pub enum Request {
     /// While the process's crane-proxy has died and it waits for one to
     /// take its session back (docs/reliability.md): replay it on the proxy
     /// at `proxy` (with `token`; none: the token it has), and wait as long
-    /// again as a wait starts with (`CRANE_REMOTE_RECOVER_S`). Answered at
-    /// once, never queued behind other requests (which may be waiting for
-    /// this very recovery); refused when the process waits for no proxy.
+    /// again as a wait starts with (`CRANE_REMOTE_RECOVER_S`). To a process
+    /// on a live connection: kept for a recovery that starts within that
+    /// wait, and the connection left at once if TCP sees its peer gone (a
+    /// proxy domain destroyed sends no FIN). Answered at once, never queued
+    /// behind other requests (which may be waiting for this very recovery);
+    /// refused when the process is not on crane-proxy.
     Redirect {
         /// `tcp://HOST:PORT` or `unix:/path`.
         proxy: String,

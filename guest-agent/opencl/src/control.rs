@@ -134,7 +134,9 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
 /// A `Redirect` request, or a `Remote` one while the process's crane-proxy
 /// has died and it waits for one: it names where to replay the session. Not
 /// queued behind other requests, which may be waiting for that very
-/// recovery. A `Redirect` while no recovery is under way is refused.
+/// recovery. A `Redirect` to a process on a live crane-proxy is kept for a
+/// recovery that starts soon (`remote::Session::redirect`); one to a process
+/// that is not on crane-proxy is refused.
 fn redirect(req: &Request) -> Option<Response> {
     let (proxy, token, explicit) = match req {
         Request::Remote { proxy, token, .. } => (proxy, token, false),
@@ -142,8 +144,9 @@ fn redirect(req: &Request) -> Option<Response> {
         _ => return None,
     };
     let done = crate::vendor::remote_session()
-        .filter(|s| s.is_recovering())
-        .is_some_and(|s| s.redirect(proxy.clone(), token.clone()));
+        .filter(|s| explicit || s.is_recovering())
+        .map(|s| s.redirect(proxy.clone(), token.clone()))
+        .is_some();
     match (done, explicit) {
         (true, _) => Some(Response {
             ok: true,
@@ -153,10 +156,10 @@ fn redirect(req: &Request) -> Option<Response> {
             residue: None,
         }),
         (false, true) => Some(Response::error(format!(
-            "not waiting for crane-proxy (the process is {}): nothing to redirect",
+            "not on crane-proxy (the process is {}): nothing to redirect",
             match lifecycle::mode() {
                 crane_control::Mode::Passthrough => "in passthrough",
-                crane_control::Mode::Remote => "on a live crane-proxy",
+                crane_control::Mode::Remote => "on its way to crane-proxy",
                 crane_control::Mode::Suspended => "suspended",
             }
         ))),

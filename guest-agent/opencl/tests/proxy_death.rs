@@ -11,8 +11,11 @@ use std::time::{Duration, Instant};
 use crane_control::{Mode, Request, call, socket_path};
 
 mod common;
+use common::netns::{self, Netns};
 use common::proxy::{Proxy, wait_socket};
-use common::{Rng, finishes, long_enough, native, result_line, scratch, under_crane};
+use common::{
+    Rng, apps, finishes, library, long_enough, native, result_line, scratch, under_crane,
+};
 
 /// Starts `app` on `proxy` from its first call, with `env` besides.
 fn start_remote(
@@ -275,6 +278,19 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
     let sock = socket_path(run_dir, child.id());
     wait_socket(&sock);
     let ask = |req: &Request| call(&sock, req, Duration::from_secs(90)).unwrap();
+    // In passthrough there is nothing to redirect.
+    let r = ask(&Request::Redirect {
+        proxy: second.addr.clone(),
+        token: None,
+    });
+    assert!(
+        !r.ok
+            && r.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("not on crane-proxy (the process is in passthrough)"),
+        "{r:?}"
+    );
     let r = ask(&Request::Remote {
         proxy: first.addr.clone(),
         token: Some("k".into()),
@@ -339,12 +355,12 @@ fn pointed_at_another_proxy_after_a_checkpoint() {
     ended_on(child, &second, &want);
 }
 
-/// A redirect (`cranectl redirect`) to a process that waits for no proxy
-/// is refused with the reason. Once its proxy has died for good, the
-/// process is redirected to an address where no proxy listens yet, a second
-/// before its wait (3 s) would end: the redirect starts the wait again, and
-/// a proxy started there after the first wait would have ended takes the
-/// session; the result is the native one.
+/// A redirect (`cranectl redirect`) to a process on a live proxy is kept
+/// (and the live connection left alone). Once its proxy has died for good,
+/// the process is redirected to an address where no proxy listens yet, a
+/// second before its wait (3 s) would end: the redirect starts the wait
+/// again, and a proxy started there after the first wait would have ended
+/// takes the session; the result is the native one.
 #[test]
 fn a_redirect_names_the_proxy_and_waits_again() {
     let want = native("pingpong", "6000");
@@ -371,15 +387,13 @@ fn a_redirect_names_the_proxy_and_waits_again() {
         token: None,
     };
     let r = call(&sock, &redirect, Duration::from_secs(30)).unwrap();
-    assert!(!r.ok);
     assert!(
-        r.error
-            .as_deref()
-            .unwrap_or("")
-            .contains("not waiting for crane-proxy"),
-        "{:?}",
+        r.ok,
+        "a process on crane-proxy refused a redirect: {:?}",
         r.error
     );
+    let st = call(&sock, &Request::Status, Duration::from_secs(30)).unwrap();
+    assert_eq!(st.status.map(|s| s.mode), Some(Mode::Remote));
     first.kill();
     let killed = Instant::now();
     std::thread::sleep(Duration::from_secs(2));
@@ -390,6 +404,232 @@ fn a_redirect_names_the_proxy_and_waits_again() {
     second.restart();
     std::fs::write(&release, b"").unwrap();
     ended_on(child, &second, &want);
+}
+
+/// A proxy domain destroyed under a process (its host gone silent: no FIN,
+/// no RST, as `xl destroy` leaves it) and created again. dom0 tells the
+/// guest where crane-proxy is as soon as it creates the domain again
+/// (`crane/proxy-now`; here the redirect crane-agent then sends), before the
+/// process can notice: the process keeps the address, leaves the silent
+/// connection within seconds (not after its TCP timeout of 60 s), waits for
+/// the proxy (not falling back to the local vendor after 10 s: dom0 named
+/// the proxy), replays its session on the new one and ends with the native
+/// result. `busy`: the domain dies with the process's call unacknowledged
+/// (TCP_INFO shows it); not busy: with its call acknowledged by the
+/// domain's kernel and its answer awaited (the proxy stopped first), which
+/// quick keepalive probes find. Runs in two network namespaces joined by a
+/// veth pair (root).
+fn destroyed_under(busy: bool) {
+    let want = native("pingpong", "6000");
+    let tag = if busy { "silent-busy" } else { "silent-idle" };
+    let net = Netns::new(tag);
+    let mut proxy = Proxy::start_in(tag, &net.b, netns::B_IP, &[("k", "t")]);
+    let app = HeldInNetns::start(&net, &proxy, tag);
+    if !busy {
+        let pid = nix::unistd::Pid::from_raw(proxy.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        // The next read is sent, acknowledged, and waits for its answer.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The domain destroyed: its link goes silent first, so that the
+    // process's kill sends the application nothing.
+    net.cut();
+    proxy.kill();
+    let destroyed = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    // dom0 created it again and says so; it is still booting.
+    let r = call(
+        &app.sock,
+        &Request::Redirect {
+            proxy: proxy.addr.clone(),
+            token: None,
+        },
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert!(r.ok, "the redirect was refused: {:?}", r.error);
+    app.wait_err("waiting up to", Duration::from_secs(15));
+    let noticed = destroyed.elapsed();
+    if busy {
+        assert!(app.err().contains("leaving the connection for a replay"));
+    }
+    // Booted: the new proxy answers at the same address.
+    std::thread::sleep(Duration::from_secs(3));
+    net.restore();
+    proxy.restart();
+    let (out, err) = app.release();
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "crane-proxy at {} took the session back",
+            proxy.addr
+        )),
+        "{err}"
+    );
+    assert!(!err.contains("local vendor"), "{err}");
+    assert_eq!(result_line(&out.stdout), want);
+    eprintln!(
+        "{tag}: the connection left {:.1} s after the proxy's host went silent",
+        noticed.as_secs_f64()
+    );
+}
+
+#[test]
+fn a_destroyed_proxy_domain_is_left_when_dom0_names_the_new_one() {
+    destroyed_under(true);
+}
+
+#[test]
+fn a_destroyed_proxy_domain_is_found_by_quick_probes_when_the_process_awaits_an_answer() {
+    destroyed_under(false);
+}
+
+/// A move back (`cranectl local`) asked of a process whose proxy domain
+/// was just destroyed (silently): the move back's first call hangs on the
+/// dead connection; dom0's word (a redirect) makes the process leave it, the
+/// session is replayed on the new proxy, and the move back completes from
+/// there: the process is local, and its result the native one.
+#[test]
+fn a_move_back_from_a_destroyed_proxy_domain_completes_from_the_new_one() {
+    let want = native("pingpong", "6000");
+    let net = Netns::new("back");
+    let mut proxy = Proxy::start_in("back", &net.b, netns::B_IP, &[("k", "t")]);
+    let app = HeldInNetns::start(&net, &proxy, "back");
+    net.cut();
+    proxy.kill();
+    let sock = app.sock.clone();
+    let back = std::thread::spawn(move || {
+        call(
+            &sock,
+            &Request::Local {
+                deadline_ms: 90_000,
+                device: None,
+                precopy: 0,
+            },
+            Duration::from_secs(120),
+        )
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let r = call(
+        &app.sock,
+        &Request::Redirect {
+            proxy: proxy.addr.clone(),
+            token: None,
+        },
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    assert!(r.ok, "the redirect was refused: {:?}", r.error);
+    app.wait_err("waiting up to", Duration::from_secs(15));
+    std::thread::sleep(Duration::from_secs(2));
+    net.restore();
+    proxy.restart();
+    let r = back.join().unwrap();
+    assert!(r.ok, "the move back failed: {:?}\n{}", r.error, app.err());
+    let st = call(&app.sock, &Request::Status, Duration::from_secs(30)).unwrap();
+    assert_eq!(st.status.map(|s| s.mode), Some(Mode::Passthrough));
+    let (out, err) = app.release();
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("took the session back"), "{err}");
+    assert_eq!(result_line(&out.stdout), want);
+}
+
+/// The network between a busy process and its crane-proxy goes silent for
+/// 4 s (a partition, not a death: both ends live) and comes back: nothing
+/// is replayed (TCP retransmits what was lost), the process carries on on
+/// the same session and ends with the native result.
+#[test]
+fn a_short_network_partition_is_ridden_out() {
+    let want = native("pingpong", "6000");
+    let net = Netns::new("partition");
+    let proxy = Proxy::start_in("partition", &net.b, netns::B_IP, &[("k", "t")]);
+    let app = HeldInNetns::start(&net, &proxy, "partition");
+    net.cut();
+    std::thread::sleep(Duration::from_secs(4));
+    net.restore();
+    std::thread::sleep(Duration::from_millis(500));
+    let (out, err) = app.release();
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("took the session back"), "{err}");
+    let sessions = proxy
+        .log()
+        .lines()
+        .filter(|l| l.contains("crane_proxy::server") && l.contains("opened: tenant"))
+        .count();
+    assert_eq!(sessions, 1, "{}", proxy.log());
+    assert_eq!(result_line(&out.stdout), want);
+}
+
+/// pingpong on `proxy` (in namespace `net.b`), started from namespace
+/// `net.a` in remote mode, holding halfway (a small blocking read every
+/// 20 ms); its stderr goes to a file, read as it grows.
+struct HeldInNetns {
+    child: Child,
+    sock: std::path::PathBuf,
+    release: std::path::PathBuf,
+    err_path: std::path::PathBuf,
+    _scratch: tempfile::TempDir,
+}
+
+impl HeldInNetns {
+    fn start(net: &Netns, proxy: &Proxy, name: &str) -> HeldInNetns {
+        let scratch = scratch(name);
+        let release = scratch.path().join("release");
+        let err_path = scratch.path().join("err");
+        let child = Netns::command(
+            &net.a,
+            &apps().join("pingpong"),
+            &[
+                ("LD_PRELOAD", library().to_str().unwrap()),
+                ("CRANE_RUN_DIR", scratch.path().to_str().unwrap()),
+                ("CRANE_MODE", "remote"),
+                ("CRANE_PROXY", &proxy.addr),
+                ("CRANE_PROXY_TOKEN", "k"),
+                ("TESTAPP_HOLD", release.to_str().unwrap()),
+            ],
+        )
+        .args(["--iters", "6000"])
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+        let app = HeldInNetns {
+            sock: socket_path(scratch.path(), child.id()),
+            child,
+            release,
+            err_path,
+            _scratch: scratch,
+        };
+        app.wait_err("holding at iteration", Duration::from_secs(60));
+        app
+    }
+
+    fn err(&self) -> String {
+        std::fs::read_to_string(&self.err_path).unwrap_or_default()
+    }
+
+    /// Waits until its stderr says `what`; returns how long that took.
+    fn wait_err(&self, what: &str, limit: Duration) -> Duration {
+        let start = Instant::now();
+        while !self.err().contains(what) {
+            assert!(
+                start.elapsed() < limit,
+                "no {what:?} within {limit:?}:\n{}",
+                self.err()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        start.elapsed()
+    }
+
+    /// Lets it go on past its hold; its output and stderr once it ended.
+    fn release(self) -> (std::process::Output, String) {
+        std::fs::write(&self.release, b"").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let err = std::fs::read_to_string(&self.err_path).unwrap_or_default();
+        (out, err)
+    }
 }
 
 /// With no proxy to go to, the process's OpenCL calls fail with a clear

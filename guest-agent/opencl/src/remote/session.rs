@@ -85,20 +85,91 @@ impl Stream {
 }
 
 /// A dead peer (a proxy domain destroyed without closing its sockets) is
-/// noticed after about 23 s without an answer (5 s idle, then 6 probes 3 s
-/// apart). Not sooner: a process is remote because its guest is migrating,
-/// and the guest's network goes dark for a while at the end of a live
-/// migration (the guest paused for the last pages, its network front end
-/// reconnecting on the destination); a proxy process that dies closes the
-/// connection, which is noticed at once.
+/// noticed after [`USER_TIMEOUT`] without an acknowledgement: of data sent
+/// when the connection is busy (without it, Linux retransmits for a quarter
+/// of an hour), of keepalive probes when it is idle (from 5 s idle, 3 s
+/// apart; with a user timeout set, the kernel closes on that, not on a
+/// count of probes). Not sooner: a process is remote because its guest is
+/// migrating, and the guest's network goes dark for a while at the end of a
+/// live migration (the guest paused for the last pages, its network front
+/// end reconnecting on the destination). A proxy process that dies closes
+/// the connection, which is noticed at once; a proxy domain that dom0 says
+/// it created again is looked at sooner ([`Session::redirect`]).
 fn keepalive(s: &TcpStream) {
+    tune(&socket2::SockRef::from(s), false);
+}
+
+/// The connection's dead-peer detection: the normal one (see [`keepalive`])
+/// or, while dom0 has just said where crane-proxy is now, a quick one
+/// (probes from 1 s idle, 1 s apart, [`QUICK_TIMEOUT`]).
+fn tune(sock: &socket2::SockRef<'_>, quick: bool) {
+    let (idle, every, timeout) = if quick {
+        (1, 1, QUICK_TIMEOUT)
+    } else {
+        (5, 3, USER_TIMEOUT)
+    };
     let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(5))
-        .with_interval(Duration::from_secs(3))
+        .with_time(Duration::from_secs(idle))
+        .with_interval(Duration::from_secs(every))
         .with_retries(6);
-    if let Err(e) = socket2::SockRef::from(s).set_tcp_keepalive(&ka) {
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         debug!("cannot set TCP keepalive: {e}");
     }
+    if let Err(e) = sock.set_tcp_user_timeout(Some(timeout)) {
+        debug!("cannot set TCP_USER_TIMEOUT: {e}");
+    }
+}
+
+/// How long data sent to crane-proxy (or keepalive probes) may stay
+/// unacknowledged before the connection counts as broken
+/// (`TCP_USER_TIMEOUT`): crane-proxy's own bound (proxy-dom/src/conn.rs),
+/// past the 18 s of darkness seen at the end of a live migration under
+/// emulation.
+const USER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The same while dom0 has just said where crane-proxy is now.
+const QUICK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a connection may go without an acknowledgement of data it sent
+/// after dom0 said where crane-proxy is now, before the process leaves it
+/// for a replay ([`watch_connection`]).
+const SILENT_AFTER_REDIRECT: Duration = Duration::from_secs(5);
+
+/// What TCP knows of the peer: the segments sent and not acknowledged, and
+/// the time since the last acknowledgement; `None` for a Unix socket (whose
+/// peer cannot vanish without the kernel knowing) or when unknown.
+fn tcp_silence(s: &Stream) -> Option<(u32, Duration)> {
+    let Stream::Tcp(t) = s else {
+        return None;
+    };
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` is a writable buffer of `len` bytes that outlives the
+    // call, and the descriptor belongs to `t`, alive for the call. The
+    // kernel writes at most `len` bytes and sets `len` to what it wrote.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(t),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    // Older kernels fill less of the struct than the libc crate declares
+    // (Linux 6.1: no `tcpi_total_rto` and after): what is read here must
+    // have been written.
+    let needed = std::mem::offset_of!(libc::tcp_info, tcpi_last_ack_recv) + 4;
+    if r != 0 || (len as usize) < needed {
+        return None;
+    }
+    // SAFETY: the struct was zeroed, so the fields the kernel did not fill
+    // are 0, and every bit pattern is a valid `tcp_info` (integers only).
+    let info = unsafe { info.assume_init() };
+    Some((
+        info.tcpi_unacked,
+        Duration::from_millis(u64::from(info.tcpi_last_ack_recv)),
+    ))
 }
 
 impl Read for Stream {
@@ -253,6 +324,11 @@ pub struct Session {
     redirected_at: Mutex<Option<Instant>>,
     /// When the local fallback was last tried (`local_fallback`).
     local_tried: Mutex<Option<Instant>>,
+    /// The connection to crane-proxy now (a second handle on it), for
+    /// [`watch_connection`].
+    probe: Mutex<Option<Stream>>,
+    /// Until when [`watch_connection`] looks at it; `None`: not running.
+    watch_until: Mutex<Option<Instant>>,
     /// Recoveries since the last checkpoint (a replay that kills its proxy
     /// again is not tried for ever).
     recoveries: AtomicU32,
@@ -326,6 +402,7 @@ impl Session {
     pub fn open(addr: &str, token: &str) -> Result<Arc<Session>, String> {
         let (w, limits, proxy_minor) = handshake(addr, token)?;
         let r = w.try_clone().map_err(|e| e.to_string())?;
+        let probe = w.try_clone().ok();
         let (cb_tx, cb_rx) = channel::<Job>();
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -361,6 +438,8 @@ impl Session {
             redirect: Mutex::new(None),
             redirected_at: Mutex::new(None),
             local_tried: Mutex::new(None),
+            probe: Mutex::new(probe),
+            watch_until: Mutex::new(None),
             recoveries: AtomicU32::new(0),
             limits,
             proxy_minor,
@@ -467,15 +546,51 @@ impl Session {
         (j.entries.len(), j.bytes, j.checkpoints, usable)
     }
 
-    /// During a recovery, points it at another proxy (and token); `false`
-    /// when no recovery is under way.
-    pub fn redirect(&self, addr: String, token: Option<String>) -> bool {
-        if !self.is_recovering() {
-            return false;
-        }
+    /// Names the proxy (and token) a recovery replays the session on, and
+    /// starts its wait again. During a recovery it applies at once. On a
+    /// live connection it is kept for a recovery that starts within the
+    /// wait (`CRANE_REMOTE_RECOVER_S`): dom0 tells every process where
+    /// crane-proxy is as soon as it has created the proxy domain again,
+    /// before a process whose proxy domain was destroyed under it can
+    /// notice (no FIN or RST comes from a destroyed domain). Meanwhile the
+    /// connection is watched ([`watch_connection`]): one whose peer's host
+    /// acknowledges nothing for [`SILENT_AFTER_REDIRECT`] (data sent, or
+    /// keepalive probes when idle) is left for a replay, instead of after
+    /// [`USER_TIMEOUT`]. Returns whether a recovery was under way.
+    pub fn redirect(self: &Arc<Self>, addr: String, token: Option<String>) -> bool {
         *lock(&self.redirect) = Some((addr, token));
         *lock(&self.redirected_at) = Some(Instant::now());
-        true
+        if self.is_recovering() {
+            return true;
+        }
+        let wait = Duration::from_secs(crate::config::get().remote_recover_s);
+        let start = {
+            let mut until = lock(&self.watch_until);
+            let start = until.is_none();
+            *until = Some(Instant::now() + wait);
+            start
+        };
+        if start {
+            let weak = Arc::downgrade(self);
+            let spawned = std::thread::Builder::new()
+                .name("crane-remote-watch".into())
+                .spawn(move || watch_connection(weak));
+            if let Err(e) = spawned {
+                *lock(&self.watch_until) = None;
+                warn!("cannot watch the connection to crane-proxy: {e}");
+            }
+        }
+        false
+    }
+
+    /// A redirect kept from before the recovery that began at `start` and
+    /// older than its wait is forgotten: it was not about this death.
+    fn forget_stale_redirect(&self, start: Instant, wait: Duration) {
+        let stale = lock(&self.redirected_at).is_some_and(|t| start.duration_since(t) >= wait);
+        if stale {
+            lock(&self.redirect).take();
+            lock(&self.redirected_at).take();
+        }
     }
 
     /// Since when a recovery that began at `start` has been waiting: the
@@ -1360,6 +1475,7 @@ fn recover(s: &Arc<Session>, why: String) -> Result<(), String> {
         ));
     }
     let wait = Duration::from_secs(crate::config::get().remote_recover_s);
+    s.forget_stale_redirect(start, wait);
     warn!(
         "{why}; waiting up to {}s for crane-proxy at {} (or the address a \
          `cranectl remote PID --proxy ADDR` gives) to take the session back",
@@ -1393,6 +1509,77 @@ fn recover(s: &Arc<Session>, why: String) -> Result<(), String> {
         drop(r);
         lock(&s.shared.state).replay = None;
         std::thread::sleep(RECONNECT_EVERY);
+    }
+}
+
+/// After a redirect on a live connection ([`Session::redirect`]), until
+/// its wait is over. An idle connection (a call sent and acknowledged, its
+/// answer awaited) gets quick keepalive probes and [`QUICK_TIMEOUT`]: the
+/// kernel ends it if the peer's host answers none (a proxy busy with a long
+/// kernel, or stopped, still has its kernel answer them). A busy one is
+/// looked at every 250 ms and left (shut down, so that the reader starts a
+/// recovery) once TCP has had data outstanding and no acknowledgement for
+/// [`SILENT_AFTER_REDIRECT`] in two looks in a row (the next retransmission
+/// may be further away than the quick timeout). Then the normal detection
+/// again.
+fn watch_connection(s: std::sync::Weak<Session>) {
+    let mut silent_looks = 0;
+    let mut quick: Option<Stream> = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let Some(s) = s.upgrade() else {
+            return;
+        };
+        {
+            let mut until = lock(&s.watch_until);
+            let over = until.is_none_or(|t| Instant::now() >= t)
+                || s.closed.load(Ordering::Acquire)
+                || s.is_recovering();
+            if over {
+                *until = None;
+                if let Some(Stream::Tcp(t)) = &quick {
+                    tune(&socket2::SockRef::from(t), false);
+                }
+                return;
+            }
+        }
+        let probe = lock(&s.probe);
+        if quick.is_none()
+            && let Some(stream) = probe.as_ref()
+            && let Stream::Tcp(t) = stream
+        {
+            tune(&socket2::SockRef::from(t), true);
+            quick = stream.try_clone().ok();
+            if let Some((unacked, quiet)) = tcp_silence(stream) {
+                warn!(
+                    "dom0 named where crane-proxy is now: watching the connection to {} \
+                     ({unacked} segment(s) unacknowledged, the last acknowledgement {} ms ago)",
+                    s.addr(),
+                    quiet.as_millis()
+                );
+            }
+        }
+        let Some(stream) = probe.as_ref() else {
+            continue;
+        };
+        match tcp_silence(stream) {
+            Some((unacked, quiet)) if unacked > 0 && quiet >= SILENT_AFTER_REDIRECT => {
+                silent_looks += 1;
+                if silent_looks >= 2 {
+                    warn!(
+                        "nothing sent to crane-proxy at {} acknowledged for {} ms, after dom0 \
+                         named where crane-proxy is now: leaving the connection for a replay",
+                        s.addr(),
+                        quiet.as_millis()
+                    );
+                    stream.shutdown();
+                    drop(probe);
+                    *lock(&s.watch_until) = None;
+                    return;
+                }
+            }
+            _ => silent_looks = 0,
+        }
     }
 }
 
@@ -1460,6 +1647,7 @@ fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Res
         )));
     }
     let r = w.try_clone()?;
+    *lock(&s.probe) = w.try_clone().ok();
     let mut o = lock(&s.out);
     o.w = w;
     s.start_reader(r).map_err(Replay::Failed)?;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use crane_control::{Request, call, socket_path};
 
+pub mod netns;
 pub mod proxy;
 
 pub fn repo() -> PathBuf {

@@ -15,6 +15,8 @@ pub struct Proxy {
     /// How it was started, for [`Proxy::restart`].
     options: Vec<String>,
     env: Vec<(String, String)>,
+    /// The network namespace it runs in (`super::netns`), if not this one.
+    netns: Option<String>,
     /// Holds the token file, the log and the unix socket; removed when
     /// dropped.
     dir: tempfile::TempDir,
@@ -58,12 +60,33 @@ impl Proxy {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let child = spawn(&addr, dir.path(), &options, &env);
+        let child = spawn(&addr, dir.path(), &options, &env, None);
         let p = Proxy {
             child,
             addr,
             options,
             env,
+            netns: None,
+            dir,
+        };
+        p.wait_ready();
+        p
+    }
+
+    /// A proxy in network namespace `ns` listening at `ip:7000`.
+    pub fn start_in(name: &str, ns: &str, ip: &str, tokens: &[(&str, &str)]) -> Proxy {
+        let dir = scratch(&format!("proxy-{name}"));
+        let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        std::fs::write(dir.path().join("tokens"), lines.join("\n") + "\n").unwrap();
+        let addr = format!("tcp://{ip}:7000");
+        let netns = Some(ns.to_string());
+        let child = spawn(&addr, dir.path(), &[], &[], netns.as_deref());
+        let p = Proxy {
+            child,
+            addr,
+            options: Vec::new(),
+            env: Vec::new(),
+            netns,
             dir,
         };
         p.wait_ready();
@@ -79,7 +102,13 @@ impl Proxy {
     /// Starts it again, same address, tokens and options (after [`kill`]).
     pub fn restart(&mut self) {
         self.kill();
-        self.child = spawn(&self.addr, self.dir.path(), &self.options, &self.env);
+        self.child = spawn(
+            &self.addr,
+            self.dir.path(),
+            &self.options,
+            &self.env,
+            self.netns.as_deref(),
+        );
         self.wait_ready();
     }
 
@@ -105,10 +134,13 @@ impl Proxy {
     fn wait_ready(&self) {
         let start = Instant::now();
         loop {
-            let up = match self.addr.strip_prefix("unix:") {
-                Some(path) => std::os::unix::net::UnixStream::connect(path).is_ok(),
-                None => {
+            let up = match (self.addr.strip_prefix("unix:"), &self.netns) {
+                (Some(path), _) => std::os::unix::net::UnixStream::connect(path).is_ok(),
+                (None, None) => {
                     std::net::TcpStream::connect(self.addr.trim_start_matches("tcp://")).is_ok()
+                }
+                (None, Some(ns)) => {
+                    super::netns::connects(ns, self.addr.trim_start_matches("tcp://"))
                 }
             };
             if up {
@@ -125,14 +157,28 @@ impl Proxy {
 
 /// Starts crane-proxy listening at `addr` with the token file in `dir`; its
 /// log is appended to `dir/log`.
-fn spawn(addr: &str, dir: &std::path::Path, options: &[String], env: &[(String, String)]) -> Child {
+fn spawn(
+    addr: &str,
+    dir: &std::path::Path,
+    options: &[String],
+    env: &[(String, String)],
+    netns: Option<&str>,
+) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("log"))
         .unwrap();
-    Command::new(built("crane-proxy", "crane-proxy"))
-        .args(["--listen", addr, "--token-file"])
+    let proxy = built("crane-proxy", "crane-proxy");
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).arg(proxy);
+            c
+        }
+        None => Command::new(proxy),
+    };
+    cmd.args(["--listen", addr, "--token-file"])
         .arg(dir.join("tokens"))
         .args(options)
         .env("RUST_LOG", "info")
