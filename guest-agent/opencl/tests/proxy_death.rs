@@ -563,9 +563,10 @@ fn a_short_network_partition_is_ridden_out() {
 
 /// pingpong on `proxy` (in namespace `net.b`), started from namespace
 /// `net.a` in remote mode, holding halfway (a small blocking read every
-/// 20 ms); its stderr goes to a file, read as it grows.
+/// 20 ms); its stderr goes to a file, read as it grows. Killed if the test
+/// fails before releasing it.
 struct HeldInNetns {
-    child: Child,
+    child: Option<Child>,
     sock: std::path::PathBuf,
     release: std::path::PathBuf,
     err_path: std::path::PathBuf,
@@ -596,7 +597,7 @@ impl HeldInNetns {
         .unwrap();
         let app = HeldInNetns {
             sock: socket_path(scratch.path(), child.id()),
-            child,
+            child: Some(child),
             release,
             err_path,
             _scratch: scratch,
@@ -624,11 +625,20 @@ impl HeldInNetns {
     }
 
     /// Lets it go on past its hold; its output and stderr once it ended.
-    fn release(self) -> (std::process::Output, String) {
+    fn release(mut self) -> (std::process::Output, String) {
         std::fs::write(&self.release, b"").unwrap();
-        let out = self.child.wait_with_output().unwrap();
-        let err = std::fs::read_to_string(&self.err_path).unwrap_or_default();
-        (out, err)
+        let child = self.child.take().expect("released once");
+        let out = child.wait_with_output().unwrap();
+        (out, self.err())
+    }
+}
+
+impl Drop for HeldInNetns {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
