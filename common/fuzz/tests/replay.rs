@@ -90,6 +90,9 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
                 .to_vec(),
             b"seq=3 outcome=ready-for-detach ms=12.5 apps=1 phases=apps:3.1,modules:4".to_vec(),
             b"state=passthrough last-seq=3".to_vec(),
+            // craned's journal: a resume on arrival to be tried again.
+            b"phase=resuming domid=9 gpus=0000:65:00.0 seq=4 started-ms=1700000000000 tries=2 retry-ms=1700000010000"
+                .to_vec(),
         ],
         "config" => vec![
             b"[migration]\nmode = \"remote\"\nno_free_gpu = \"wait\"\n[proxy]\naddress = \"tcp://10.0.0.2:7000\"\n"

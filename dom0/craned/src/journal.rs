@@ -107,6 +107,10 @@ pub struct Entry {
     /// Destination: the guest's processes were moved to its CPU for want of
     /// a GPU; the resume that gives it one moves them back home.
     pub on_cpu: bool,
+    /// Destination: prepare-resume attempts that failed or went unanswered
+    /// (the GPU attached), and when (ms since the epoch) the next may run.
+    pub tries: u32,
+    pub retry_ms: u64,
 }
 
 pub fn now_ms() -> u64 {
@@ -127,6 +131,8 @@ impl Entry {
             owner: None,
             started_ms: now_ms(),
             on_cpu: false,
+            tries: 0,
+            retry_ms: 0,
         }
     }
 
@@ -151,6 +157,10 @@ impl Entry {
         f.push("started-ms", self.started_ms.to_string());
         if self.on_cpu {
             f.push("on-cpu", "1");
+        }
+        if self.tries > 0 {
+            f.push("tries", self.tries.to_string())
+                .push("retry-ms", self.retry_ms.to_string());
         }
         f.format()
     }
@@ -186,6 +196,12 @@ impl Entry {
             Some("1") => true,
             Some(other) => return Err(bad("on-cpu", other, "want 1")),
         };
+        let tries = f
+            .u64("tries")?
+            .map(|t| u32::try_from(t).map_err(|_| bad("tries", "", "out of range")))
+            .transpose()?
+            .unwrap_or(0);
+        let retry_ms = f.u64("retry-ms")?.unwrap_or(0);
         f.finish()?;
         Ok(Entry {
             phase,
@@ -197,6 +213,8 @@ impl Entry {
             owner,
             started_ms,
             on_cpu,
+            tries,
+            retry_ms,
         })
     }
 }
@@ -253,7 +271,12 @@ mod tests {
         assert_eq!(Entry::parse(&e.format()).unwrap(), e);
         let plain = Entry::new(Phase::WaitingGpu, 3);
         assert_eq!(Entry::parse(&plain.format()).unwrap(), plain);
+        let mut retried = Entry::new(Phase::Resuming, 9);
+        retried.tries = 2;
+        retried.retry_ms = 1_700_000_010_000;
+        assert_eq!(Entry::parse(&retried.format()).unwrap(), retried);
         for bad in [
+            "phase=resuming domid=1 seq=0 started-ms=0 tries=4294967296",
             "phase=flying domid=1 seq=0 started-ms=0",
             "phase=detached seq=0 started-ms=0",
             "phase=detached domid=1 gpus=00:05 seq=0 started-ms=0",

@@ -39,6 +39,15 @@ use crate::proxy::HealthCheck;
 use crate::ratelimit::limited;
 use crate::tokens;
 
+/// prepare-resume attempts on arrival, the first included, before the
+/// journal entry is given up (the error stays in `crane status`).
+pub const RESUME_TRIES: u32 = 10;
+
+/// The wait before attempt `tries + 1`: 5 s, doubling, at most 5 minutes.
+fn resume_backoff(tries: u32) -> Duration {
+    Duration::from_secs((5u64 << tries.saturating_sub(1).min(6)).min(300))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     #[error("{0} is not a guest crane manages (craned.toml, guests)")]
@@ -838,7 +847,12 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
     }
 
     /// Destination, once the domain arrived (also after `xl restore`): a
-    /// free GPU attached, processes resumed on it.
+    /// free GPU attached, processes resumed on it. A prepare-resume the
+    /// agent fails or does not answer leaves the GPU attached and the entry
+    /// in the journal (phase `resuming`): later ticks ([`Self::recover`])
+    /// try it again, 5 s after, then twice as long each time up to 5
+    /// minutes, [`RESUME_TRIES`] attempts in all (a driver that takes long
+    /// to come up, an agent restarted meanwhile).
     pub fn receive(&mut self, guest: &str) -> Result<Attached, MigrateError> {
         let (name, domid) = self.resolve(guest)?;
         let mut entry = match journal::load(self.store, &name)? {
@@ -856,6 +870,25 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
         let result = self.receive_entry(&name, domid, &mut entry);
         match &result {
             Ok(Attached::Waiting | Attached::OnCpu) => {}
+            // The GPU is attached and the processes wait for it: the resume
+            // is tried again on later ticks, further and further apart, up
+            // to RESUME_TRIES attempts in all.
+            Err(
+                e @ (MigrateError::AgentFailed { .. }
+                | MigrateError::AgentTimeout { .. }
+                | MigrateError::NotTaken { .. }
+                | MigrateError::NoAgent { .. }),
+            ) if entry.phase == Phase::Resuming && entry.tries + 1 < RESUME_TRIES => {
+                entry.tries += 1;
+                let wait = resume_backoff(entry.tries);
+                entry.retry_ms = journal::now_ms() + wait.as_millis() as u64;
+                journal::save(self.store, &name, &entry)?;
+                log::warn!(
+                    "{name}: {e}; trying prepare-resume again in {} s (attempt {} of {RESUME_TRIES})",
+                    wait.as_secs(),
+                    entry.tries + 1
+                );
+            }
             _ => journal::remove(self.store, &name)?,
         }
         result
@@ -935,6 +968,8 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
                     );
                     Recovered::RolledBack(self.roll_back_entry(&guest, &mut entry))
                 }
+                // A failed resume, not due again yet.
+                Phase::Resuming if entry.retry_ms > journal::now_ms() => continue,
                 Phase::Receiving
                 | Phase::WaitingGpu
                 | Phase::OnCpu
@@ -958,7 +993,7 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{FakeAgent, FakeXl, OnMigrate, gpu};
+    use crate::testing::{FakeAgent, FakeXl, OnMigrate, OnResume, gpu};
     use crane_libxl::DomainState;
     use crane_xs::mem::{MemConn, MemStore};
     use crane_xs::message::DetachKind;
@@ -1358,6 +1393,108 @@ mod tests {
         assert_eq!(w.xl.gpus_of(9), [gpu(GPU_B)]);
         assert_eq!(agent.ops(), ["prepare-resume"]);
         assert!(w.journal("g1").is_none());
+    }
+
+    /// Makes a journal entry waiting for a resume attempt due now.
+    fn due_now(w: &World, guest: &str) {
+        let mut e = w.journal(guest).unwrap();
+        e.retry_ms = 0;
+        journal::save(&w.dom0, guest, &e).unwrap();
+    }
+
+    /// The guest arrives, its GPU is attached, and the agent fails
+    /// prepare-resume (a driver not ready yet), then does not answer it (past
+    /// the resume deadline): the GPU stays attached, the journal keeps the
+    /// entry with the next attempt's time, ticks before it do nothing, and
+    /// once the agent resumes the guest the entry is gone. An agent that
+    /// never resumes is given up on after RESUME_TRIES attempts.
+    #[test]
+    fn a_failed_resume_on_arrival_is_tried_again_until_it_works() {
+        let mut cfg = config();
+        cfg.resume_deadline_ms = 300;
+        cfg.agent_ack_ms = 300;
+        let mut w = World::new(cfg);
+        let agent = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::StopAndCopy));
+        agent.on_resume(OnResume::Fail);
+        let e = w.run(|m| m.receive("g1")).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                MigrateError::AgentFailed {
+                    op: "prepare-resume",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(w.xl.gpus_of(9).len(), 1, "the GPU stays attached");
+        let j = w.journal("g1").unwrap();
+        assert_eq!((j.phase, j.tries), (Phase::Resuming, 1));
+        let wait = j.retry_ms.saturating_sub(journal::now_ms());
+        assert!((4_000..=5_000).contains(&wait), "{wait} ms");
+        // Not due yet: a tick leaves it alone.
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(out.is_empty(), "{out:?}");
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+        // Due, the agent silent: tried, timed out, kept for later, longer.
+        agent.on_resume(OnResume::Hang);
+        due_now(&w, "g1");
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(
+                &out[..],
+                [(
+                    _,
+                    Recovered::Received(Err(
+                        MigrateError::AgentTimeout { .. } | MigrateError::NotTaken { .. }
+                    ))
+                )]
+            ),
+            "{out:?}"
+        );
+        let j = w.journal("g1").unwrap();
+        assert_eq!(j.tries, 2);
+        assert!(j.retry_ms.saturating_sub(journal::now_ms()) > 9_000);
+        // Due again, the agent well: resumed on the GPU it has, done.
+        agent.on_resume(OnResume::Resume);
+        due_now(&w, "g1");
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(
+            matches!(
+                &out[..],
+                [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
+            ),
+            "{out:?}"
+        );
+        assert!(w.journal("g1").is_none());
+        assert_eq!(agent.ops().len(), 3);
+        assert_eq!(w.xl.gpus_of(9).len(), 1);
+        // Another arrival whose agent never resumes: given up after the
+        // last attempt, the entry removed, the GPU left attached.
+        let agent2 = w.guest("g2", 10, &[], GuestState::Detached(DetachKind::StopAndCopy));
+        agent2.on_resume(OnResume::Fail);
+        assert!(w.run(|m| m.receive("g2")).is_err());
+        for _ in 1..RESUME_TRIES {
+            assert!(w.journal("g2").is_some());
+            due_now(&w, "g2");
+            let out = w.run(|m| m.recover(&|_| false)).unwrap();
+            assert!(
+                matches!(&out[..], [(_, Recovered::Received(Err(_)))]),
+                "{out:?}"
+            );
+        }
+        assert!(
+            w.journal("g2").is_none(),
+            "given up after {RESUME_TRIES} attempts"
+        );
+        assert_eq!(agent2.ops().len(), RESUME_TRIES as usize);
+        assert_eq!(w.xl.gpus_of(10).len(), 1);
+    }
+
+    #[test]
+    fn resume_attempts_wait_longer_each_time_up_to_five_minutes() {
+        let waits: Vec<u64> = (1..=9).map(|t| resume_backoff(t).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
     }
 
     #[test]

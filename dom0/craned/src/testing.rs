@@ -224,6 +224,17 @@ pub enum OnMigrate {
     Fail,
 }
 
+/// How the fake agent answers prepare-resume ([`FakeAgent::on_resume`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnResume {
+    /// resumed.
+    Resume,
+    /// failed (the device not usable yet, say).
+    Fail,
+    /// Never answers.
+    Hang,
+}
+
 /// The pid of the one OpenCL process a [`FakeAgent`] reports.
 pub const FAKE_PID: u32 = 4242;
 
@@ -234,6 +245,7 @@ pub struct FakeAgent {
     /// [`FakeAgent::pause`] returns only once no turn is under way.
     paused: Arc<Mutex<bool>>,
     seen: Arc<Mutex<Vec<Request>>>,
+    on_resume: Arc<Mutex<OnResume>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -242,8 +254,10 @@ impl FakeAgent {
         let stop = Arc::new(AtomicBool::new(false));
         let paused = Arc::new(Mutex::new(false));
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let on_resume = Arc::new(Mutex::new(OnResume::Resume));
         let conn = store.connect(domid);
         let (stop2, paused2, seen2) = (stop.clone(), paused.clone(), seen.clone());
+        let on_resume2 = on_resume.clone();
         let thread = std::thread::spawn(move || {
             conn.watch("crane", "agent").unwrap();
             let mut state = AgentState {
@@ -320,10 +334,14 @@ impl FakeAgent {
                     (Op::PrepareMigrate(_), OnMigrate::Fail) => {
                         answer(Outcome::Failed, &state, Some(Rollback::Complete));
                     }
-                    (Op::PrepareResume(_), _) => {
-                        state.state = GuestState::Passthrough;
-                        answer(Outcome::Resumed, &state, None);
-                    }
+                    (Op::PrepareResume(_), _) => match *on_resume2.lock().unwrap() {
+                        OnResume::Resume => {
+                            state.state = GuestState::Passthrough;
+                            answer(Outcome::Resumed, &state, None);
+                        }
+                        OnResume::Fail => answer(Outcome::Failed, &state, None),
+                        OnResume::Hang => {}
+                    },
                 }
             }
         });
@@ -331,8 +349,14 @@ impl FakeAgent {
             stop,
             paused,
             seen,
+            on_resume,
             thread: Some(thread),
         }
+    }
+
+    /// How it answers the prepare-resume requests from now on.
+    pub fn on_resume(&self, how: OnResume) {
+        *self.on_resume.lock().unwrap() = how;
     }
 
     /// Stops it reading anything (`on`), like a SIGSTOPped agent, or lets it
