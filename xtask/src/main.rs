@@ -33,6 +33,9 @@
 //!   (passthrough, suspend/resume cycles, remote, remote/local switches); fails
 //!   on any sub-test whose outcome differs from native (docs/conformance.md).
 //! * `cargo xtask testbed ...` — the emulated Xen host (docs/testbed.md).
+//! * `cargo xtask fault-matrix [--e2e]` — every test the fault matrix in
+//!   docs/reliability.md names (missing ones are failures); `--e2e` adds the
+//!   full end-to-end scenario.
 //! * `cargo xtask proxy-image [--nvidia DIR] ...` — the proxy domain's image for a
 //!   real host, with PoCL or NVIDIA's driver (docs/operations.md).
 
@@ -46,6 +49,7 @@ use crane_test_vms::tier::{self, Readiness};
 mod bench_data;
 mod bench_stoppage;
 mod conformance;
+mod matrix;
 mod pool;
 
 fn root() -> PathBuf {
@@ -785,6 +789,7 @@ fn main() -> Result<()> {
             })
         }
         Some("testbed") => crane_test_vms::cli(&args[1..]),
+        Some("fault-matrix") => matrix::main(&root(), &args[1..], cargo),
         Some("proxy-image") => crane_test_vms::proxy_image::cli(&args[1..]),
         Some("conformance") => {
             use clap::Parser;
@@ -796,7 +801,7 @@ fn main() -> Result<()> {
         }
         other => bail!(
             "unknown xtask command {other:?}; try test, demo, bench, bench-remote, bench-data, \
-             bench-stoppage, testbed, proxy-image or conformance"
+             bench-stoppage, testbed, proxy-image, conformance or fault-matrix"
         ),
     }
 }
