@@ -146,6 +146,9 @@ pub(crate) mod fake {
         Slow(Duration),
         /// Refuses remote/suspend with an error.
         Refusing,
+        /// Goes away but will not come back: refuses resume and local (its
+        /// rebuild failing on the new device, say) and stays where it is.
+        StaysAway,
     }
 
     pub struct FakeApp {
@@ -218,6 +221,11 @@ pub(crate) mod fake {
                     }
                     (Request::Suspend { .. } | Request::Remote { .. }, Behaviour::Refusing) => {
                         Response::error("the process refuses")
+                    }
+                    (Request::Resume { .. } | Request::Local { .. }, Behaviour::StaysAway)
+                        if *mode != Mode::Passthrough =>
+                    {
+                        Response::error("recreating the objects failed; it stays where it is")
                     }
                     (Request::Suspend { .. }, _) if *mode == Mode::Passthrough => {
                         *mode = Mode::Suspended;

@@ -617,6 +617,82 @@ mod tests {
         assert_eq!(r.mode(a), Mode::Suspended);
     }
 
+    /// At prepare-resume after a remote migration, a process killed while
+    /// its guest migrated is dropped (gone); the others are back in
+    /// passthrough and the resume succeeds.
+    #[test]
+    fn a_process_killed_during_the_migration_is_dropped_at_the_resume() {
+        let mut r = rig("resume-killed");
+        let a = r.app(Behaviour::Obedient);
+        let mut victim = Command::new("sleep").arg("120").spawn().unwrap();
+        let killed = victim.id();
+        r.apps.push(spawn(&r.run, killed, Behaviour::Obedient));
+        let mut d = r.daemon(r.modules.clone(), true);
+        let ch = r.ch();
+        ch.post(remote(), None).unwrap();
+        d.step().unwrap();
+        assert_eq!(
+            ch.response().unwrap().unwrap().outcome,
+            Outcome::ReadyForDetach
+        );
+        // Killed: its socket is left behind, nobody listening.
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        let sock = crane_control::socket_path(&r.run, killed);
+        std::fs::remove_file(&sock).unwrap();
+        std::fs::write(&sock, b"").unwrap();
+        let req = ch.post(Op::RESUME, None).unwrap();
+        d.step().unwrap();
+        let resp = ch.response().unwrap().unwrap();
+        assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
+        let apps = ch.app_results(req.seq).unwrap();
+        let of = |pid| apps.iter().find(|x| x.pid == pid).unwrap().outcome;
+        assert_eq!(
+            (of(a), of(killed)),
+            (AppOutcome::Passthrough, AppOutcome::Gone)
+        );
+        assert_eq!(r.mode(a), Mode::Passthrough);
+    }
+
+    /// At prepare-resume, a process that will not come back (its rebuild
+    /// fails) stays on crane-proxy and fails the resume: the guest is
+    /// degraded (dom0 tries the resume again later), the others are back in
+    /// passthrough.
+    #[test]
+    fn a_process_that_stays_away_fails_the_resume_and_the_others_come_back() {
+        let mut r = rig("resume-away");
+        let a = r.app(Behaviour::Obedient);
+        let away = r.app(Behaviour::StaysAway);
+        let mut d = r.daemon(r.modules.clone(), true);
+        let ch = r.ch();
+        ch.post(remote(), None).unwrap();
+        d.step().unwrap();
+        assert_eq!(
+            ch.response().unwrap().unwrap().outcome,
+            Outcome::ReadyForDetach
+        );
+        let req = ch.post(Op::RESUME, None).unwrap();
+        d.step().unwrap();
+        let resp = ch.response().unwrap().unwrap();
+        assert_eq!(resp.outcome, Outcome::Failed, "{resp:?}");
+        assert!(
+            resp.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("1 of 2 processes"),
+            "{resp:?}"
+        );
+        let apps = ch.app_results(req.seq).unwrap();
+        let of = |pid| apps.iter().find(|x| x.pid == pid).unwrap().outcome;
+        assert_eq!(of(a), AppOutcome::Passthrough);
+        assert_eq!(of(away), AppOutcome::Failed);
+        assert_eq!((r.mode(a), r.mode(away)), (Mode::Passthrough, Mode::Remote));
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Degraded
+        );
+    }
+
     #[test]
     fn a_device_that_never_becomes_usable_leaves_processes_parked() {
         let mut r = rig("probe");
