@@ -1377,6 +1377,34 @@ mod tests {
         assert!(agent.ops().is_empty(), "{:?}", agent.ops());
     }
 
+    /// craned killed while the agent works on prepare-migrate (journal
+    /// `preparing`: the agent has moved the processes off the GPU, the GPU
+    /// is still attached), and killed in the middle of a rollback (journal
+    /// `rolling-back`: the GPU detached, not yet given back): the restarted
+    /// craned rolls both back, the guest keeps (or gets back) its GPU and
+    /// its processes are sent home.
+    #[test]
+    fn restart_while_preparing_or_rolling_back_rolls_back() {
+        for (phase, attached) in [(Phase::Preparing, true), (Phase::RollingBack, false)] {
+            let mut w = World::new(config());
+            let gpus: &[&str] = if attached { &[GPU_A] } else { &[] };
+            let agent = w.guest("g1", 3, gpus, GuestState::Detached(DetachKind::Remote));
+            let mut e = Entry::new(phase, 3);
+            e.mode = Some(Mode::Remote);
+            e.gpus = vec![gpu(GPU_A)];
+            e.seq = 1;
+            journal::save(&w.dom0, "g1", &e).unwrap();
+            let out = w.run(|m| m.recover(&|_| false)).unwrap();
+            assert!(
+                matches!(&out[..], [(_, Recovered::RolledBack(Ok(_)))]),
+                "{phase:?}: {out:?}"
+            );
+            assert_eq!(w.xl.gpus_of(3), [gpu(GPU_A)], "{phase:?}");
+            assert_eq!(agent.ops(), ["prepare-resume"], "{phase:?}");
+            assert!(w.journal("g1").is_none(), "{phase:?}");
+        }
+    }
+
     #[test]
     fn restart_mid_receive_carries_it_forward() {
         let mut w = World::new(config());
