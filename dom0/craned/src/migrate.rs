@@ -1525,6 +1525,39 @@ mod tests {
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
     }
 
+    /// The destination's craned killed as the guest arrived (journal
+    /// `receiving`: no GPU chosen yet) and after attaching the GPU, during
+    /// prepare-resume (journal `resuming`): the restarted craned carries
+    /// each forward, the guest ends with a GPU and resumed.
+    #[test]
+    fn restart_while_receiving_or_resuming_carries_it_forward() {
+        for phase in [Phase::Receiving, Phase::Resuming] {
+            let mut w = World::new(config());
+            let has = if phase == Phase::Resuming {
+                &[GPU_A][..]
+            } else {
+                &[]
+            };
+            let agent = w.guest("g1", 9, has, GuestState::Detached(DetachKind::Remote));
+            let mut e = Entry::new(phase, 9);
+            if phase == Phase::Resuming {
+                e.gpus = vec![gpu(GPU_A)];
+            }
+            journal::save(&w.dom0, "g1", &e).unwrap();
+            let out = w.run(|m| m.recover(&|_| false)).unwrap();
+            assert!(
+                matches!(
+                    &out[..],
+                    [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
+                ),
+                "{phase:?}: {out:?}"
+            );
+            assert_eq!(w.xl.gpus_of(9).len(), 1, "{phase:?}");
+            assert_eq!(agent.ops(), ["prepare-resume"], "{phase:?}");
+            assert!(w.journal("g1").is_none(), "{phase:?}");
+        }
+    }
+
     #[test]
     fn restart_after_the_domain_left_finishes() {
         let mut w = World::new(config());
