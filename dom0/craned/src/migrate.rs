@@ -1423,6 +1423,14 @@ mod tests {
         assert!(w.journal("g1").is_none());
     }
 
+    /// The one guest of `out` was received and resumed on a GPU.
+    fn resumed(out: &[(String, Recovered)]) -> bool {
+        matches!(
+            out,
+            [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
+        )
+    }
+
     /// Makes a journal entry waiting for a resume attempt due now.
     fn due_now(w: &World, guest: &str) {
         let mut e = w.journal(guest).unwrap();
@@ -1487,13 +1495,7 @@ mod tests {
         agent.on_resume(OnResume::Resume);
         due_now(&w, "g1");
         let out = w.run(|m| m.recover(&|_| false)).unwrap();
-        assert!(
-            matches!(
-                &out[..],
-                [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
-            ),
-            "{out:?}"
-        );
+        assert!(resumed(&out), "{out:?}");
         assert!(w.journal("g1").is_none());
         assert_eq!(agent.ops().len(), 3);
         assert_eq!(w.xl.gpus_of(9).len(), 1);
@@ -1545,13 +1547,7 @@ mod tests {
             }
             journal::save(&w.dom0, "g1", &e).unwrap();
             let out = w.run(|m| m.recover(&|_| false)).unwrap();
-            assert!(
-                matches!(
-                    &out[..],
-                    [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
-                ),
-                "{phase:?}: {out:?}"
-            );
+            assert!(resumed(&out), "{phase:?}: {out:?}");
             assert_eq!(w.xl.gpus_of(9).len(), 1, "{phase:?}");
             assert_eq!(agent.ops(), ["prepare-resume"], "{phase:?}");
             assert!(w.journal("g1").is_none(), "{phase:?}");
@@ -1593,13 +1589,7 @@ mod tests {
         // g2 goes away; the next tick gives its GPU to g1.
         w.xl.remove_domain(2);
         let out = w.run(|m| m.recover(&|_| false)).unwrap();
-        assert!(
-            matches!(
-                &out[..],
-                [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
-            ),
-            "{out:?}"
-        );
+        assert!(resumed(&out), "{out:?}");
         assert_eq!(w.xl.gpus_of(9), [gpu(GPU_A)]);
         assert_eq!(agent.ops(), ["prepare-resume"]);
         assert!(w.journal("g1").is_none());
@@ -1648,13 +1638,7 @@ mod tests {
         // go back to the devices they started on.
         w.xl.remove_domain(2);
         let out = w.run(|m| m.recover(&|_| false)).unwrap();
-        assert!(
-            matches!(
-                &out[..],
-                [(_, Recovered::Received(Ok(Attached::Resumed(Some(_)))))]
-            ),
-            "{out:?}"
-        );
+        assert!(resumed(&out), "{out:?}");
         assert_eq!(w.xl.gpus_of(9), [gpu(GPU_A)]);
         let home = ResumeTarget {
             device: Some("home".into()),

@@ -438,16 +438,7 @@ fn destroyed_under(busy: bool) {
     let destroyed = Instant::now();
     std::thread::sleep(Duration::from_secs(1));
     // dom0 created it again and says so; it is still booting.
-    let r = call(
-        &app.sock,
-        &Request::Redirect {
-            proxy: proxy.addr.clone(),
-            token: None,
-        },
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    assert!(r.ok, "the redirect was refused: {:?}", r.error);
+    app.redirect(&proxy.addr);
     app.wait_err("waiting up to", Duration::from_secs(15));
     let noticed = destroyed.elapsed();
     if busy {
@@ -511,16 +502,7 @@ fn a_move_back_from_a_destroyed_proxy_domain_completes_from_the_new_one() {
         .unwrap()
     });
     std::thread::sleep(Duration::from_secs(1));
-    let r = call(
-        &app.sock,
-        &Request::Redirect {
-            proxy: proxy.addr.clone(),
-            token: None,
-        },
-        Duration::from_secs(30),
-    )
-    .unwrap();
-    assert!(r.ok, "the redirect was refused: {:?}", r.error);
+    app.redirect(&proxy.addr);
     app.wait_err("waiting up to", Duration::from_secs(15));
     std::thread::sleep(Duration::from_secs(2));
     net.restore();
@@ -608,6 +590,20 @@ impl HeldInNetns {
 
     fn err(&self) -> String {
         std::fs::read_to_string(&self.err_path).unwrap_or_default()
+    }
+
+    /// What crane-agent does when dom0 says where crane-proxy is now.
+    fn redirect(&self, proxy: &str) {
+        let r = call(
+            &self.sock,
+            &Request::Redirect {
+                proxy: proxy.to_string(),
+                token: None,
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert!(r.ok, "the redirect was refused: {:?}", r.error);
     }
 
     /// Waits until its stderr says `what`; returns how long that took.
