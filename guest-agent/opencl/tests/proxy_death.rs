@@ -543,6 +543,46 @@ fn a_short_network_partition_is_ridden_out() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// The network goes silent for 3 s as a move back starts (a partition,
+/// both ends alive): the move back waits for it and completes over the
+/// same session, nothing replayed; the process is local and its result the
+/// native one.
+#[test]
+fn a_move_back_rides_out_a_short_partition() {
+    let want = native("pingpong", "6000");
+    let net = Netns::new("back-partition");
+    let proxy = Proxy::start_in("back-partition", &net.b, netns::B_IP, &[("k", "t")]);
+    let app = HeldInNetns::start(&net, &proxy, "back-partition");
+    net.cut();
+    let sock = app.sock.clone();
+    let back = std::thread::spawn(move || {
+        call(
+            &sock,
+            &Request::Local {
+                deadline_ms: 90_000,
+                device: None,
+                precopy: 0,
+            },
+            Duration::from_secs(120),
+        )
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !back.is_finished(),
+        "the move back did not wait for the network"
+    );
+    net.restore();
+    let r = back.join().unwrap();
+    assert!(r.ok, "the move back failed: {:?}\n{}", r.error, app.err());
+    let st = call(&app.sock, &Request::Status, Duration::from_secs(30)).unwrap();
+    assert_eq!(st.status.map(|s| s.mode), Some(Mode::Passthrough));
+    let (out, err) = app.release();
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("took the session back"), "{err}");
+    assert_eq!(result_line(&out.stdout), want);
+}
+
 /// pingpong on `proxy` (in namespace `net.b`), started from namespace
 /// `net.a` in remote mode, holding halfway (a small blocking read every
 /// 20 ms); its stderr goes to a file, read as it grows. Killed if the test
