@@ -867,4 +867,36 @@ mod tests {
         assert_eq!(r.mode(a), Mode::Passthrough);
         drop(r.store.clone());
     }
+
+    /// crane-agent dead (or not started yet) when dom0 posts prepare-resume
+    /// on arrival: the agent started again takes the request waiting there
+    /// at its first step and resumes the processes (one it had taken and
+    /// died in is posted again by craned with a new sequence number, which
+    /// a restarted agent takes the same way).
+    #[test]
+    fn a_restarted_agent_takes_the_resume_posted_while_it_was_down() {
+        let mut r = rig("restart-resume");
+        let a = r.app(Behaviour::Obedient);
+        let ch = r.ch();
+        {
+            let mut d = r.daemon(r.modules.clone(), true);
+            ch.post(remote(), None).unwrap();
+            d.step().unwrap();
+            assert_eq!(
+                ch.response().unwrap().unwrap().outcome,
+                Outcome::ReadyForDetach
+            );
+        }
+        // Down: the request waits in XenStore.
+        let req = ch.post(Op::RESUME, None).unwrap();
+        let mut d = r.daemon(r.modules.clone(), true);
+        d.step().unwrap();
+        let resp = ch.response().unwrap().unwrap();
+        assert_eq!((resp.seq, resp.outcome), (req.seq, Outcome::Resumed));
+        assert_eq!(r.mode(a), Mode::Passthrough);
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+    }
 }
