@@ -47,14 +47,20 @@ impl Netns {
         n
     }
 
-    /// crane-proxy's side goes silent: its end of the link down.
+    /// crane-proxy's side goes silent: its address taken away, so that its
+    /// kernel drops what arrives and answers nothing (not even ARP), while
+    /// the application's side of the link keeps its carrier, as a guest's
+    /// does when the proxy domain behind the bridge is destroyed. (Taking
+    /// the link down would make the application's sends fail at once,
+    /// which TCP retries every 500 ms instead of backing off: not what a
+    /// guest sees.)
     pub fn cut(&self) {
-        ip(&["-n", &self.b, "link", "set", "vb", "down"]);
+        ip(&["-n", &self.b, "addr", "del", "10.213.7.2/30", "dev", "vb"]);
     }
 
     /// And back.
     pub fn restore(&self) {
-        ip(&["-n", &self.b, "link", "set", "vb", "up"]);
+        ip(&["-n", &self.b, "addr", "add", "10.213.7.2/30", "dev", "vb"]);
     }
 
     /// `program args...` inside namespace `ns` with `env`, through `env(1)`
