@@ -279,6 +279,17 @@ mod tests {
         }
     }
 
+    /// dom0 posts `op` and the agent takes it: the request and its answer.
+    fn ask(
+        ch: &GuestChannel<'_, MemConn>,
+        d: &mut Daemon<'_, MemConn, FakeModules, FakeProbe>,
+        op: Op,
+    ) -> (crane_xs::message::Request, crane_xs::message::Response) {
+        let req = ch.post(op, None).unwrap();
+        d.step().unwrap();
+        (req, ch.response().unwrap().unwrap())
+    }
+
     fn remote() -> Op {
         Op::PrepareMigrate(MigrateMode::Remote {
             proxy: "tcp://10.77.0.2:7000".into(),
@@ -629,10 +640,8 @@ mod tests {
         r.apps.push(spawn(&r.run, killed, Behaviour::Obedient));
         let mut d = r.daemon(r.modules.clone(), true);
         let ch = r.ch();
-        ch.post(remote(), None).unwrap();
-        d.step().unwrap();
         assert_eq!(
-            ch.response().unwrap().unwrap().outcome,
+            ask(&ch, &mut d, remote()).1.outcome,
             Outcome::ReadyForDetach
         );
         // Killed: its socket is left behind, nobody listening.
@@ -641,9 +650,7 @@ mod tests {
         let sock = crane_control::socket_path(&r.run, killed);
         std::fs::remove_file(&sock).unwrap();
         std::fs::write(&sock, b"").unwrap();
-        let req = ch.post(Op::RESUME, None).unwrap();
-        d.step().unwrap();
-        let resp = ch.response().unwrap().unwrap();
+        let (req, resp) = ask(&ch, &mut d, Op::RESUME);
         assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
         let apps = ch.app_results(req.seq).unwrap();
         let of = |pid| apps.iter().find(|x| x.pid == pid).unwrap().outcome;
@@ -665,15 +672,11 @@ mod tests {
         let away = r.app(Behaviour::StaysAway);
         let mut d = r.daemon(r.modules.clone(), true);
         let ch = r.ch();
-        ch.post(remote(), None).unwrap();
-        d.step().unwrap();
         assert_eq!(
-            ch.response().unwrap().unwrap().outcome,
+            ask(&ch, &mut d, remote()).1.outcome,
             Outcome::ReadyForDetach
         );
-        let req = ch.post(Op::RESUME, None).unwrap();
-        d.step().unwrap();
-        let resp = ch.response().unwrap().unwrap();
+        let (req, resp) = ask(&ch, &mut d, Op::RESUME);
         assert_eq!(resp.outcome, Outcome::Failed, "{resp:?}");
         assert!(
             resp.error
@@ -880,10 +883,8 @@ mod tests {
         let ch = r.ch();
         {
             let mut d = r.daemon(r.modules.clone(), true);
-            ch.post(remote(), None).unwrap();
-            d.step().unwrap();
             assert_eq!(
-                ch.response().unwrap().unwrap().outcome,
+                ask(&ch, &mut d, remote()).1.outcome,
                 Outcome::ReadyForDetach
             );
         }

@@ -496,29 +496,14 @@ fn a_move_back_from_a_destroyed_proxy_domain_completes_from_the_new_one() {
     let app = HeldInNetns::start(&net, &proxy, "back");
     net.cut();
     proxy.kill();
-    let sock = app.sock.clone();
-    let back = std::thread::spawn(move || {
-        call(
-            &sock,
-            &Request::Local {
-                deadline_ms: 90_000,
-                device: None,
-                precopy: 0,
-            },
-            Duration::from_secs(120),
-        )
-        .unwrap()
-    });
+    let back = app.move_back();
     std::thread::sleep(Duration::from_secs(1));
     app.redirect(&proxy.addr);
     app.wait_err("waiting up to", Duration::from_secs(15));
     std::thread::sleep(Duration::from_secs(2));
     net.restore();
     proxy.restart();
-    let r = back.join().unwrap();
-    assert!(r.ok, "the move back failed: {:?}\n{}", r.error, app.err());
-    let st = call(&app.sock, &Request::Status, Duration::from_secs(30)).unwrap();
-    assert_eq!(st.status.map(|s| s.mode), Some(Mode::Passthrough));
+    app.moved_back(back);
     let (out, err) = app.release();
     assert!(out.status.success(), "{err}");
     assert!(err.contains("took the session back"), "{err}");
@@ -562,29 +547,14 @@ fn a_move_back_rides_out_a_short_partition() {
     let proxy = Proxy::start_in("back-partition", &net.b, netns::B_IP, &[("k", "t")]);
     let app = HeldInNetns::start(&net, &proxy, "back-partition");
     net.cut();
-    let sock = app.sock.clone();
-    let back = std::thread::spawn(move || {
-        call(
-            &sock,
-            &Request::Local {
-                deadline_ms: 90_000,
-                device: None,
-                precopy: 0,
-            },
-            Duration::from_secs(120),
-        )
-        .unwrap()
-    });
+    let back = app.move_back();
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         !back.is_finished(),
         "the move back did not wait for the network"
     );
     net.restore();
-    let r = back.join().unwrap();
-    assert!(r.ok, "the move back failed: {:?}\n{}", r.error, app.err());
-    let st = call(&app.sock, &Request::Status, Duration::from_secs(30)).unwrap();
-    assert_eq!(st.status.map(|s| s.mode), Some(Mode::Passthrough));
+    app.moved_back(back);
     let (out, err) = app.release();
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("took the session back"), "{err}");
@@ -638,6 +608,31 @@ impl HeldInNetns {
 
     fn err(&self) -> String {
         std::fs::read_to_string(&self.err_path).unwrap_or_default()
+    }
+
+    /// Asks for a move back (`cranectl local`) on a thread of its own.
+    fn move_back(&self) -> std::thread::JoinHandle<crane_control::Response> {
+        let sock = self.sock.clone();
+        std::thread::spawn(move || {
+            call(
+                &sock,
+                &Request::Local {
+                    deadline_ms: 90_000,
+                    device: None,
+                    precopy: 0,
+                },
+                Duration::from_secs(120),
+            )
+            .unwrap()
+        })
+    }
+
+    /// The move back `back` succeeded: the process is in passthrough.
+    fn moved_back(&self, back: std::thread::JoinHandle<crane_control::Response>) {
+        let r = back.join().unwrap();
+        assert!(r.ok, "the move back failed: {:?}\n{}", r.error, self.err());
+        let st = call(&self.sock, &Request::Status, Duration::from_secs(30)).unwrap();
+        assert_eq!(st.status.map(|s| s.mode), Some(Mode::Passthrough));
     }
 
     /// What crane-agent does when dom0 says where crane-proxy is now.

@@ -1524,7 +1524,7 @@ fn recover(s: &Arc<Session>, why: String) -> Result<(), String> {
 /// again.
 fn watch_connection(s: std::sync::Weak<Session>) {
     let mut silent_looks = 0;
-    let mut quick: Option<Stream> = None;
+    let mut quick = false;
     loop {
         std::thread::sleep(Duration::from_millis(250));
         let Some(s) = s.upgrade() else {
@@ -1537,20 +1537,24 @@ fn watch_connection(s: std::sync::Weak<Session>) {
                 || s.is_recovering();
             if over {
                 *until = None;
-                if let Some(Stream::Tcp(t)) = &quick {
+                drop(until);
+                // The normal detection again (on a connection a recovery
+                // replaced meanwhile, it is what it has already).
+                if quick && let Some(Stream::Tcp(t)) = lock(&s.probe).as_ref() {
                     tune(&socket2::SockRef::from(t), false);
                 }
                 return;
             }
         }
         let probe = lock(&s.probe);
-        if quick.is_none()
-            && let Some(stream) = probe.as_ref()
-            && let Stream::Tcp(t) = stream
-        {
+        let Some(stream) = probe.as_ref() else {
+            continue;
+        };
+        let silence = tcp_silence(stream);
+        if !quick && let Stream::Tcp(t) = stream {
             tune(&socket2::SockRef::from(t), true);
-            quick = stream.try_clone().ok();
-            if let Some((unacked, quiet)) = tcp_silence(stream) {
+            quick = true;
+            if let Some((unacked, quiet)) = silence {
                 warn!(
                     "dom0 named where crane-proxy is now: watching the connection to {} \
                      ({unacked} segment(s) unacknowledged, the last acknowledgement {} ms ago)",
@@ -1559,10 +1563,7 @@ fn watch_connection(s: std::sync::Weak<Session>) {
                 );
             }
         }
-        let Some(stream) = probe.as_ref() else {
-            continue;
-        };
-        match tcp_silence(stream) {
+        match silence {
             Some((unacked, quiet)) if unacked > 0 && quiet >= SILENT_AFTER_REDIRECT => {
                 silent_looks += 1;
                 if silent_looks >= 2 {

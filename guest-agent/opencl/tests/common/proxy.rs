@@ -41,10 +41,7 @@ impl Proxy {
         options: &[&str],
         env: &[(&str, &str)],
     ) -> Proxy {
-        let dir = scratch(&format!("proxy-{name}"));
-        let tf = dir.path().join("tokens");
-        let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        std::fs::write(&tf, lines.join("\n") + "\n").unwrap();
+        let dir = with_tokens(name, tokens);
         let addr = if tcp {
             let port = TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -55,37 +52,35 @@ impl Proxy {
         } else {
             format!("unix:{}", dir.path().join("proxy.sock").display())
         };
-        let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
-        let env: Vec<(String, String)> = env
+        let options = options.iter().map(|o| o.to_string()).collect();
+        let env = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let child = spawn(&addr, dir.path(), &options, &env, None);
+        Self::launch(dir, addr, options, env, None)
+    }
+
+    /// A proxy in network namespace `ns` listening at `ip:7000`.
+    pub fn start_in(name: &str, ns: &str, ip: &str, tokens: &[(&str, &str)]) -> Proxy {
+        let dir = with_tokens(name, tokens);
+        let addr = format!("tcp://{ip}:7000");
+        Self::launch(dir, addr, Vec::new(), Vec::new(), Some(ns.to_string()))
+    }
+
+    /// Starts crane-proxy as described and waits until it answers.
+    fn launch(
+        dir: tempfile::TempDir,
+        addr: String,
+        options: Vec<String>,
+        env: Vec<(String, String)>,
+        netns: Option<String>,
+    ) -> Proxy {
+        let child = spawn(&addr, dir.path(), &options, &env, netns.as_deref());
         let p = Proxy {
             child,
             addr,
             options,
             env,
-            netns: None,
-            dir,
-        };
-        p.wait_ready();
-        p
-    }
-
-    /// A proxy in network namespace `ns` listening at `ip:7000`.
-    pub fn start_in(name: &str, ns: &str, ip: &str, tokens: &[(&str, &str)]) -> Proxy {
-        let dir = scratch(&format!("proxy-{name}"));
-        let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
-        std::fs::write(dir.path().join("tokens"), lines.join("\n") + "\n").unwrap();
-        let addr = format!("tcp://{ip}:7000");
-        let netns = Some(ns.to_string());
-        let child = spawn(&addr, dir.path(), &[], &[], netns.as_deref());
-        let p = Proxy {
-            child,
-            addr,
-            options: Vec::new(),
-            env: Vec::new(),
             netns,
             dir,
         };
@@ -153,6 +148,15 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// A scratch directory for proxy `name` holding its token file (`TOKEN
+/// TENANT` per line).
+fn with_tokens(name: &str, tokens: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = scratch(&format!("proxy-{name}"));
+    let lines: Vec<String> = tokens.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    std::fs::write(dir.path().join("tokens"), lines.join("\n") + "\n").unwrap();
+    dir
 }
 
 /// Starts crane-proxy listening at `addr` with the token file in `dir`; its
