@@ -56,6 +56,27 @@ pub fn reload_without_device() -> bool {
     }
 }
 
+/// `CRANE_FAULT_MOVE_READ_FAILS=N`: the Nth read a move to crane-proxy
+/// makes beside the proxy's rebuild (counted over the process's life) fails
+/// with CL_OUT_OF_RESOURCES, as a device that went wrong would.
+#[inline(always)]
+pub fn move_read_fails() -> bool {
+    #[cfg(feature = "fault-injection")]
+    {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static READS: AtomicU64 = AtomicU64::new(0);
+        let n = READS.fetch_add(1, Ordering::Relaxed) + 1;
+        std::env::var("CRANE_FAULT_MOVE_READ_FAILS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            == Some(n)
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        false
+    }
+}
+
 /// The fault point of the entry point whose body is the closure type `F`.
 #[inline(always)]
 pub fn entry<F>() {

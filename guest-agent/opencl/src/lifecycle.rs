@@ -155,7 +155,7 @@ pub fn suspend(deadline: Duration) -> Result<(Vec<Phase>, Residue), String> {
         return Err("the process is already suspended".into());
     }
     let mut tm = Timer::new();
-    park(deadline, &mut tm)?;
+    park(deadline, &mut tm, None)?;
     release_all();
     unload_compilers();
     tm.lap("release", 0);
@@ -359,8 +359,8 @@ fn read_ahead_holds(m: &Mem) -> bool {
 /// The first steps of every suspend: new calls stopped, every queue drained,
 /// the gate shut, what RAM does not hold read back, events' states saved. On
 /// failure the application simply carries on.
-fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
-    let staged = drain_and_read_back(deadline, tm)?;
+fn park(deadline: Duration, tm: &mut Timer, defer: Option<&mut Deferred>) -> Result<(), String> {
+    let staged = drain_and_read_back(deadline, tm, defer)?;
     save_events();
     for p in handle::live::<Program>() {
         program::save_compiled(&p);
@@ -386,7 +386,11 @@ fn park(deadline: Duration, tm: &mut Timer) -> Result<(), String> {
 /// checkpoint, whose RAM copies these are, and the read-back's calls are
 /// journaled like any others; the caller installs it together with the
 /// journal's new state.
-fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<ReadBack, String> {
+fn drain_and_read_back(
+    deadline: Duration,
+    tm: &mut Timer,
+    mut defer: Option<&mut Deferred>,
+) -> Result<ReadBack, String> {
     let end = Instant::now() + deadline;
     quiesce_and_drain(end)?;
     tm.lap("drain", 0);
@@ -398,9 +402,12 @@ fn drain_and_read_back(deadline: Duration, tm: &mut Timer) -> Result<ReadBack, S
     }
     // Staged only where a replay may need the RAM copies as they are.
     let stage = vendor::remote_session().is_some_and(|s| s.journal_state().3.is_ok());
-    let staged = match read_back(stage) {
+    let staged = match read_back(stage, defer.as_deref_mut()) {
         Ok(r) => r,
         Err(e) => {
+            if let Some(d) = defer {
+                d.drop_queues();
+            }
             gate::open();
             return Err(format!(
                 "reading device memory back failed with OpenCL error {}",
@@ -617,7 +624,7 @@ fn install(m: &Mem, data: HostBytes) -> Option<HostBytes> {
 /// Reads every object whose device contents RAM does not hold: into the RAM
 /// copies, or with `stage` into fresh memory returned for
 /// [`ReadBack::install`].
-fn read_back(stage: bool) -> ClResult<ReadBack> {
+fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack> {
     let mut out = ReadBack::default();
     let queues = handle::live::<Queue>();
     let mut ahead = std::mem::take(&mut *read_ahead());
@@ -655,6 +662,16 @@ fn read_back(stage: bool) -> ClResult<ReadBack> {
             continue;
         }
         let data = match &m.kind {
+            // Left to the move's reader (see [`Deferred`]): a plain read.
+            MemKind::Buffer
+                if !stage
+                    && m.flags & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) == 0
+                    && defer.is_some() =>
+            {
+                let d = defer.as_deref_mut().expect("checked above");
+                d.add(m, &queues)?;
+                continue;
+            }
             MemKind::Buffer => {
                 // Into the RAM copy's own memory where there is one (a stale
                 // copy of a dirty buffer), pinned for the read: from fresh
@@ -974,20 +991,28 @@ enum Giveback {
 struct Held {
     steps: Vec<Giveback>,
     storage: Vec<Staging>,
+    /// The first `own` steps release crane's own vendor objects (parked
+    /// write-back events, pins of map memory); the others were taken out of
+    /// the application's objects, which `restore` puts them back into.
+    own: usize,
+    restore: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 // SAFETY: vendor handles may be used from any thread, and crane's objects no
 // longer refer to these.
 unsafe impl Send for Held {}
 
-fn take_kind<T: ClObject>(out: &mut Vec<Giveback>, family: Family, filter: impl Fn(&T) -> bool) {
+fn take_kind<T: ClObject>(held: &mut Held, family: Family, filter: impl Fn(&T) -> bool) {
     for o in handle::live::<T>() {
         if !filter(&o) {
             continue;
         }
         let v = o.base().take_vendor();
         if !v.is_null() {
-            out.push(Giveback::Release(v, family));
+            held.steps.push(Giveback::Release(v, family));
+            let addr = v as usize;
+            held.restore
+                .push(Box::new(move || o.base().set_vendor(addr as *mut c_void)));
         }
     }
 }
@@ -996,40 +1021,62 @@ fn take_kind<T: ClObject>(out: &mut Vec<Giveback>, family: Family, filter: impl 
 /// are cleared); [`give_back`] releases them.
 fn take_vendor_objects() -> Held {
     let parked = std::mem::take(&mut *PARKED.lock().unwrap_or_else(|e| e.into_inner()));
-    let mut steps = Vec::new();
-    let mut storage = Vec::new();
+    let mut held = Held {
+        steps: Vec::new(),
+        storage: Vec::new(),
+        own: 0,
+        restore: Vec::new(),
+    };
     for (ev, bytes) in parked {
-        steps.push(Giveback::Release(ev as *mut c_void, Family::Event));
-        storage.push(bytes);
+        held.steps
+            .push(Giveback::Release(ev as *mut c_void, Family::Event));
+        held.storage.push(bytes);
     }
     // Pins of map memory, after the write-backs that may read it.
     for pin in staging::take_pins() {
-        steps.push(Giveback::Release(pin, Family::Mem));
+        held.steps.push(Giveback::Release(pin, Family::Mem));
     }
-    take_kind::<Kernel>(&mut steps, Family::Kernel, |_| true);
-    take_kind::<Event>(&mut steps, Family::Event, |_| true);
-    take_kind::<Mem>(&mut steps, Family::Mem, |m| {
+    held.own = held.steps.len();
+    take_kind::<Kernel>(&mut held, Family::Kernel, |_| true);
+    take_kind::<Event>(&mut held, Family::Event, |_| true);
+    take_kind::<Mem>(&mut held, Family::Mem, |m| {
         matches!(m.kind, MemKind::Image { .. })
     });
-    take_kind::<Mem>(&mut steps, Family::Mem, |m| {
+    take_kind::<Mem>(&mut held, Family::Mem, |m| {
         matches!(m.kind, MemKind::SubBuffer { .. })
     });
-    take_kind::<Mem>(&mut steps, Family::Mem, |_| true);
+    take_kind::<Mem>(&mut held, Family::Mem, |_| true);
     for q in handle::live::<Queue>() {
         let v = q.base.vendor();
         if !v.is_null() {
-            steps.push(Giveback::Finish(v));
+            held.steps.push(Giveback::Finish(v));
         }
     }
-    take_kind::<Sampler>(&mut steps, Family::Sampler, |_| true);
-    take_kind::<Program>(&mut steps, Family::Program, |p| {
+    take_kind::<Sampler>(&mut held, Family::Sampler, |_| true);
+    take_kind::<Program>(&mut held, Family::Program, |p| {
         matches!(p.source, ProgramSource::Linked { .. })
     });
-    take_kind::<Program>(&mut steps, Family::Program, |_| true);
-    take_kind::<Queue>(&mut steps, Family::Queue, |_| true);
-    take_kind::<Context>(&mut steps, Family::Context, |_| true);
-    take_kind::<Device>(&mut steps, Family::Device, |d| d.parent.is_some());
-    Held { steps, storage }
+    take_kind::<Program>(&mut held, Family::Program, |_| true);
+    take_kind::<Queue>(&mut held, Family::Queue, |_| true);
+    take_kind::<Context>(&mut held, Family::Context, |_| true);
+    take_kind::<Device>(&mut held, Family::Device, |d| d.parent.is_some());
+    held
+}
+
+/// Puts taken vendor objects back into crane's objects (a move to
+/// crane-proxy that goes back before anything was released); crane's own
+/// (parked write-backs, which the drain completed, and pins) are released.
+fn restore_held(held: Held) {
+    for step in held.steps.into_iter().take(held.own) {
+        if let Giveback::Release(v, family) = step {
+            // SAFETY: crane's own reference to a live vendor object.
+            unsafe { release_family(v, family) };
+        }
+    }
+    drop(held.storage);
+    for r in held.restore {
+        r();
+    }
 }
 
 /// Releases held vendor objects in order.
@@ -1497,6 +1544,9 @@ fn recreate_mems(
                 }
             };
             if this_pass == pass {
+                // Read beside by a move to crane-proxy: its RAM copy once
+                // the read is done.
+                await_read(m)?;
                 // Objects with a RAM copy are created from it (CL_MEM_COPY_HOST_PTR
                 // works whatever the host access flags); that is the re-injection.
                 let t = Instant::now();
@@ -1769,7 +1819,7 @@ pub fn checkpoint(deadline: Duration) -> Result<Vec<Phase>, String> {
         return Err("the process has no session with crane-proxy".into());
     };
     let mut tm = Timer::new();
-    let staged = drain_and_read_back(deadline, &mut tm)?;
+    let staged = drain_and_read_back(deadline, &mut tm, None)?;
     // A replay remakes the events of commands before now with markers: their
     // status and profiling times are answered from what is kept here.
     save_events();
@@ -1814,37 +1864,342 @@ pub fn go_remote(
             format!("moving to crane-proxy at {addr} failed: {e}; it stays suspended")
         });
     }
-    let mut tm = Timer::new();
-    park(deadline, &mut tm)?;
     let parallel = crate::config::get().parallel_release;
+    if parallel {
+        return go_remote_streamed(&addr, remote, before, deadline, spec);
+    }
+    let mut tm = Timer::new();
+    park(deadline, &mut tm, None)?;
     let releaser = Releaser::start(take_vendor_objects(), vendor::detach(), parallel);
     set_mode(Mode::Suspended);
     vendor::set_target(remote);
     vendor::set_device(spec);
     let rebuilt = rebuild();
-    // Rebuilt on crane-proxy: the application's calls go there now, while
-    // the local objects are still being released and the local vendor
-    // unloaded (the reply, and so the agent's "GPU free", waits for that).
-    // Released in parallel only: otherwise the release has already run.
-    let early = rebuilt.is_ok() && parallel;
-    if early {
-        reopen();
-    }
     let waited = Instant::now();
     let released = releaser.finish();
     let mut res = residue();
     res.libraries_still_mapped = released.still_mapped.clone();
-    match end_move(&mut tm, &released, parallel, early, waited, rebuilt, before) {
-        Ok(()) => Ok((tm.phases, res)),
-        Err((e, back)) => {
-            let back = match back {
-                Ok(()) => "it carries on locally".to_string(),
-                Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
-            };
+    end_move(&mut tm, &released, parallel, false, waited, rebuilt, before)
+        .map(|()| (tm.phases, res))
+        .map_err(|e| moving_failed(&addr, e))
+}
+
+fn moving_failed(addr: &str, (e, back): (String, Result<(), String>)) -> String {
+    let back = match back {
+        Ok(()) => "it carries on locally".to_string(),
+        Err(e2) => format!("resuming locally failed too ({e2}); it stays suspended"),
+    };
+    format!("moving to crane-proxy at {addr} failed: {e}; {back}")
+}
+
+/// A move from passthrough to crane-proxy with the device's memory read
+/// while the proxy rebuilds: a helper thread reads the dirty buffers one
+/// after the other (into their RAM copies, pinned) while this thread
+/// recreates the objects on the proxy and sends each buffer as soon as its
+/// read is done ([`await_read`]), so that reading, sending and the proxy's
+/// writes overlap instead of following one another; the helper then
+/// releases the local objects and unloads the local vendor (as
+/// [`Releaser`] does). If a read fails, the move goes back: the proxy's
+/// objects are given up and the local ones, not released, put back.
+fn go_remote_streamed(
+    addr: &str,
+    remote: Target,
+    before: Target,
+    deadline: Duration,
+    spec: Option<DeviceSpec>,
+) -> Result<(Vec<Phase>, Residue), String> {
+    let mut tm = Timer::new();
+    let mut deferred = Deferred::default();
+    park(deadline, &mut tm, Some(&mut deferred))?;
+    let held = take_vendor_objects();
+    let detached = vendor::detach();
+    let helper = deferred.start(held, detached);
+    set_mode(Mode::Suspended);
+    vendor::set_target(remote);
+    vendor::set_device(spec);
+    let rebuilt = rebuild();
+    let early = rebuilt.is_ok();
+    if early {
+        reopen();
+    }
+    let waited = Instant::now();
+    match helper.finish() {
+        AfterReads::Done {
+            read,
+            bytes,
+            released,
+        } => {
+            tm.phases.push(Phase {
+                name: "read-dirty-beside".into(),
+                ms: read.as_secs_f64() * 1e3,
+                bytes,
+                parallel: true,
+            });
+            let mut res = residue();
+            res.libraries_still_mapped = released.still_mapped.clone();
+            end_move(&mut tm, &released, true, early, waited, rebuilt, before)
+                .map(|()| (tm.phases, res))
+                .map_err(|e| moving_failed(addr, e))
+        }
+        AfterReads::Failed {
+            error,
+            held,
+            detached,
+        } => {
+            if rebuilt.is_ok() {
+                // Not reached: the rebuild waits for every read. Given up
+                // all the same.
+                release_all();
+                vendor::unload(&policy());
+            }
+            vendor::set_target(before);
+            restore_held(held);
+            vendor::reattach(detached);
+            staging::repin_held();
+            reopen();
             Err(format!(
-                "moving to crane-proxy at {addr} failed: {e}; {back}"
+                "moving to crane-proxy at {addr} failed: reading device memory back failed \
+                 with OpenCL error {}; it carries on locally",
+                crate::entry::error_text(error)
             ))
         }
+    }
+}
+
+/// Reads of a move to crane-proxy that [`read_back`] leaves to a helper
+/// thread: plain reads of buffers, with the local vendor handles they need
+/// (taken before the objects' own are taken out for the release).
+#[derive(Default)]
+struct Deferred {
+    jobs: Vec<ReadJob>,
+    /// Per context: the queue the reads go to, and whether it is crane's own.
+    queues: Vec<(usize, usize, bool)>,
+}
+
+struct ReadJob {
+    m: Arc<Mem>,
+    mem: usize,
+    queue: usize,
+    context: usize,
+    device: usize,
+}
+
+/// What the helper of a streamed move did.
+enum AfterReads {
+    Done {
+        read: Duration,
+        bytes: u64,
+        released: Released,
+    },
+    /// A read failed: nothing was released.
+    Failed {
+        error: cl_int,
+        held: Held,
+        detached: vendor::Detached,
+    },
+}
+
+enum ReadHelper {
+    Thread(std::thread::JoinHandle<AfterReads>),
+    Done(AfterReads),
+}
+
+/// The buffers (by address) whose reads are not done yet, and a failed
+/// read's error.
+struct Reads {
+    pending: std::collections::BTreeSet<usize>,
+    failed: Option<cl_int>,
+}
+
+static READS: Mutex<Reads> = Mutex::new(Reads {
+    pending: std::collections::BTreeSet::new(),
+    failed: None,
+});
+static READ_DONE: std::sync::Condvar = std::sync::Condvar::new();
+
+fn reads() -> std::sync::MutexGuard<'static, Reads> {
+    READS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits until `m`'s contents are in its RAM copy, if a streamed move is
+/// reading it; the read's error if it (or an earlier one) failed.
+fn await_read(m: &Mem) -> ClResult<()> {
+    let addr = std::ptr::from_ref(m) as usize;
+    let mut st = reads();
+    loop {
+        if !st.pending.contains(&addr) {
+            return Ok(());
+        }
+        if let Some(e) = st.failed {
+            return Err(e);
+        }
+        st = READ_DONE.wait(st).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+impl Deferred {
+    /// Adds `m` (a buffer the host may read), on a queue of its context.
+    fn add(&mut self, m: Arc<Mem>, queues: &[Arc<Queue>]) -> ClResult<()> {
+        let ctx = std::ptr::from_ref(&*m.context) as usize;
+        let queue = match self.queues.iter().find(|(c, ..)| *c == ctx) {
+            Some(&(_, q, _)) => q,
+            None => {
+                let (q, temp) = transfer_queue(&m.context, queues)?;
+                self.queues.push((ctx, q as usize, temp));
+                q as usize
+            }
+        };
+        self.jobs.push(ReadJob {
+            mem: m.base.vendor() as usize,
+            queue,
+            context: m.context.base.vendor() as usize,
+            device: m
+                .context
+                .devices
+                .first()
+                .map_or(0, |d| d.base.vendor() as usize),
+            m,
+        });
+        Ok(())
+    }
+
+    /// Releases crane's own queues (the reads are done or abandoned).
+    fn drop_queues(&mut self) {
+        for (_, q, temp) in self.queues.drain(..) {
+            if temp {
+                // SAFETY: a temporary queue `transfer_queue` made.
+                unsafe { vendor::release(q as *mut c_void, |d| d.clReleaseCommandQueue) };
+            }
+        }
+    }
+
+    /// Marks the buffers pending and starts the helper: the reads, then,
+    /// if they all worked, the release of `held` and the unload of
+    /// `detached` (on this thread if no helper can be started).
+    fn start(self, held: Held, detached: vendor::Detached) -> ReadHelper {
+        {
+            let mut st = reads();
+            st.failed = None;
+            st.pending = self
+                .jobs
+                .iter()
+                .map(|j| Arc::as_ptr(&j.m) as usize)
+                .collect();
+        }
+        let work = Arc::new(Mutex::new(Some((self, held, detached))));
+        let mine = work.clone();
+        let run = move || {
+            let taken = mine.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let (d, held, detached) = taken.expect("taken once");
+            d.run(held, detached)
+        };
+        match std::thread::Builder::new()
+            .name("crane-read".into())
+            .spawn(run)
+        {
+            Ok(t) => ReadHelper::Thread(t),
+            Err(e) => {
+                warn!("reading on this thread: cannot start a helper ({e})");
+                let taken = work.lock().unwrap_or_else(|e| e.into_inner()).take();
+                let (d, held, detached) = taken.expect("not taken");
+                ReadHelper::Done(d.run(held, detached))
+            }
+        }
+    }
+
+    fn run(mut self, held: Held, detached: vendor::Detached) -> AfterReads {
+        let t = Instant::now();
+        let jobs = std::mem::take(&mut self.jobs);
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut bytes = 0u64;
+            for j in &jobs {
+                read_job(j)?;
+                bytes += j.m.size as u64;
+                reads().pending.remove(&(Arc::as_ptr(&j.m) as usize));
+                READ_DONE.notify_all();
+            }
+            Ok(bytes)
+        }))
+        .unwrap_or(Err(CL_OUT_OF_HOST_MEMORY));
+        self.drop_queues();
+        let read_time = t.elapsed();
+        match read {
+            Ok(bytes) => AfterReads::Done {
+                read: read_time,
+                bytes,
+                released: release_and_close(held, detached),
+            },
+            Err(error) => {
+                let mut st = reads();
+                st.failed = Some(error);
+                drop(st);
+                READ_DONE.notify_all();
+                AfterReads::Failed {
+                    error,
+                    held,
+                    detached,
+                }
+            }
+        }
+    }
+}
+
+/// One deferred read, into the RAM copy's own memory where it has one,
+/// pinned on the local context for the read.
+fn read_job(j: &ReadJob) -> ClResult<()> {
+    let m = &j.m;
+    let mut data = m
+        .shadow
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .replace(None)
+        .filter(|d| d.len() == m.size)
+        .unwrap_or_else(|| HostBytes::zeroed(m.size));
+    let pin = data.pin_on(j.context as *mut c_void, j.device as *mut c_void);
+    let q = j.queue as *mut c_void;
+    // SAFETY: a blocking read of the buffer's `size` bytes into `data`; the
+    // local objects stay alive until the helper releases them after this.
+    let rc = unsafe {
+        vfn!(q, clEnqueueReadBuffer)?(
+            q.cast(),
+            (j.mem as *mut c_void).cast(),
+            CL_TRUE,
+            0,
+            m.size,
+            data.as_mut_ptr().cast(),
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    };
+    drop(pin);
+    check(rc)?;
+    if crate::fault::move_read_fails() {
+        return Err(CL_OUT_OF_RESOURCES);
+    }
+    install(m, data);
+    Ok(())
+}
+
+impl ReadHelper {
+    fn finish(self) -> AfterReads {
+        let after = match self {
+            ReadHelper::Done(a) => a,
+            ReadHelper::Thread(t) => t.join().unwrap_or_else(|_| {
+                // `run` catches the reads' panics; one in the release is
+                // the release's (its objects are gone).
+                warn!("the read and release helper panicked");
+                AfterReads::Done {
+                    read: Duration::ZERO,
+                    bytes: 0,
+                    released: Released::default(),
+                }
+            }),
+        };
+        let mut st = reads();
+        st.pending.clear();
+        st.failed = None;
+        after
     }
 }
 
@@ -2069,7 +2424,7 @@ fn go_local_from_remote(
     spec: Option<DeviceSpec>,
 ) -> Result<Vec<Phase>, String> {
     let mut tm = Timer::new();
-    park(deadline, &mut tm)?;
+    park(deadline, &mut tm, None)?;
     let parallel = crate::config::get().parallel_release;
     let before = vendor::target();
     let (held, detached) = (take_vendor_objects(), vendor::detach());

@@ -352,6 +352,14 @@ impl HostBytes {
             .map_or(std::ptr::null_mut(), |d| d.base.vendor());
         TempPin::new(ctx.base.vendor(), vdev, self.region.addr, self.region.len)
     }
+
+    /// Pins these bytes on the vendor context `vctx` (of device `vdev`)
+    /// until the guard is dropped, whatever crane's objects are loaded on
+    /// now: a move to crane-proxy reads local buffers while the proxy
+    /// rebuilds (None on a CPU device, or if it fails).
+    pub fn pin_on(&self, vctx: *mut c_void, vdev: *mut c_void) -> Option<TempPin> {
+        TempPin::make(vctx, vdev, self.region.addr, self.region.len)
+    }
 }
 
 impl std::ops::Deref for HostBytes {
@@ -374,9 +382,15 @@ pub struct TempPin(*mut c_void);
 
 impl TempPin {
     fn new(vctx: *mut c_void, vdev: *mut c_void, addr: usize, len: usize) -> Option<TempPin> {
+        if vendor::remote_session().is_some() {
+            return None;
+        }
+        Self::make(vctx, vdev, addr, len)
+    }
+
+    fn make(vctx: *mut c_void, vdev: *mut c_void, addr: usize, len: usize) -> Option<TempPin> {
         if len < crate::config::get().pin_min.unwrap_or(TEMP_PIN_MIN)
             || vctx.is_null()
-            || vendor::remote_session().is_some()
             || is_cpu(vdev)
         {
             return None;

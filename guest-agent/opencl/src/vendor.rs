@@ -989,11 +989,13 @@ pub fn unload(policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
 /// the local objects and unloads the local vendor while the proxy rebuilds
 /// them).
 pub struct Detached {
-    /// The vendor handles of crane's platforms.
-    platforms: Vec<*mut c_void>,
-    /// The vendor handles of crane's root devices.
-    devices: Vec<*mut c_void>,
+    /// crane's platforms and their vendor handles.
+    platforms: Vec<(Arc<Platform>, *mut c_void)>,
+    /// crane's root devices and their vendor handles.
+    devices: Vec<(Arc<Device>, *mut c_void)>,
     loaded: Vec<Option<Loaded>>,
+    /// The platform handles alone (for [`Detached::platforms`]).
+    handles: Vec<*mut c_void>,
 }
 
 // SAFETY: vendor handles and libraries may be used from any thread; crane's
@@ -1004,24 +1006,49 @@ unsafe impl Send for Detached {}
 /// devices out of crane's state.
 pub fn detach() -> Detached {
     let mut st = state();
-    let platforms = st.platforms.iter().map(|p| p.base.take_vendor()).collect();
+    let platforms: Vec<_> = st
+        .platforms
+        .iter()
+        .map(|p| (p.clone(), p.base.take_vendor()))
+        .collect();
     let devices = st
         .devices
         .iter()
         .flatten()
-        .map(|d| d.base.take_vendor())
+        .map(|d| (d.clone(), d.base.take_vendor()))
         .collect();
     Detached {
+        handles: platforms.iter().map(|(_, v)| *v).collect(),
         platforms,
         devices,
         loaded: std::mem::take(&mut st.loaded),
     }
 }
 
+/// Puts detached vendors back as they were (a move to crane-proxy that could
+/// not read the device's memory goes back to them, nothing released). The
+/// caller has unloaded whatever was loaded since.
+pub fn reattach(d: Detached) {
+    let mut st = state();
+    for p in &st.platforms {
+        p.base.set_vendor(std::ptr::null_mut());
+    }
+    for dev in st.devices.iter().flatten() {
+        dev.base.set_vendor(std::ptr::null_mut());
+    }
+    for (p, v) in d.platforms {
+        p.base.set_vendor(v);
+    }
+    for (dev, v) in d.devices {
+        dev.base.set_vendor(v);
+    }
+    st.loaded = d.loaded;
+}
+
 impl Detached {
     /// The vendor platforms (null where a vendor had none loaded).
     pub fn platforms(&self) -> &[*mut c_void] {
-        &self.platforms
+        &self.handles
     }
 
     /// Closes the vendor libraries (a remote session: frees crane's remote
@@ -1035,9 +1062,9 @@ impl Detached {
         if remote {
             // Remote platforms and devices are crane's own objects: free them.
             for v in self
-                .platforms
+                .handles
                 .into_iter()
-                .chain(self.devices)
+                .chain(self.devices.into_iter().map(|(_, v)| v))
                 .filter(|v| !v.is_null())
             {
                 remote::release(v);

@@ -855,3 +855,77 @@ fn a_vendor_without_a_device_for_a_moment_is_tried_again() {
         );
     }
 }
+
+/// A move to crane-proxy reads the device's memory while the proxy
+/// rebuilds the objects (the reads beside the rebuild, lifecycle.rs
+/// `go_remote_streamed`). If one of those reads fails (here the
+/// fault-injection build fails the second, after the first was read into
+/// its RAM copy), nothing has been released yet: the move fails with the
+/// reason, the process carries on with its local objects as they were, the
+/// proxy's half-built session is torn down, and the next move there and
+/// back works; the program's result is the native one.
+#[test]
+fn a_read_failing_during_a_move_to_the_proxy_leaves_the_app_local() {
+    let proxy = common::proxy::Proxy::start("readfail", true, &[("k", "t")]);
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", "3000"])
+        .env("LD_PRELOAD", fault_library())
+        .env("CRANE_RUN_DIR", dir.path())
+        .env("CRANE_FAULT_MOVE_READ_FAILS", "2")
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    common::proxy::wait_socket(&sock);
+    let status = || {
+        call(&sock, &Request::Status, Duration::from_secs(60))
+            .unwrap()
+            .status
+            .unwrap()
+    };
+    let start = Instant::now();
+    while status().objects.buffers < 3 {
+        assert!(start.elapsed() < Duration::from_secs(30), "no buffers");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let remote = Request::Remote {
+        proxy: proxy.addr.clone(),
+        token: Some("k".into()),
+        deadline_ms: 20_000,
+        device: None,
+        precopy: 0,
+    };
+    let r = call(&sock, &remote, Duration::from_secs(60)).unwrap();
+    let e = r.error.unwrap_or_default();
+    assert!(!r.ok, "the move worked although a read failed");
+    assert!(
+        e.contains("reading device memory back failed with OpenCL error CL_OUT_OF_RESOURCES")
+            && e.contains("it carries on locally"),
+        "{e}"
+    );
+    assert_eq!(status().mode, Mode::Passthrough);
+    let closed = proxy.wait_log("closed by the client");
+    assert!(closed.contains("object(s) released"), "{closed}");
+    let r = call(&sock, &remote, Duration::from_secs(60)).unwrap();
+    assert!(r.ok, "the second move failed: {:?}", r.error);
+    assert_eq!(status().mode, Mode::Remote);
+    let local = Request::Local {
+        deadline_ms: 20_000,
+        device: None,
+        precopy: 0,
+    };
+    let r = call(&sock, &local, Duration::from_secs(60)).unwrap();
+    assert!(r.ok, "the move back failed: {:?}", r.error);
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(
+        common::result_line(&out.stdout),
+        common::native("pingpong", "3000")
+    );
+}
