@@ -54,6 +54,18 @@ pub fn run(socket: &Path, script: &str, timeout: Duration) -> Result<CommandOutp
     read_answer(&stream, &id, deadline, timeout)
 }
 
+/// While an answer is awaited, a line of noise (which the runner skips) goes
+/// to the runner after each second of silence: a byte arriving on dom0's
+/// serial port is a device interrupt, and a device interrupt wakes an
+/// emulated CPU that QEMU 7.2's software emulation left halted with its
+/// timer interrupt pending and undelivered (a lost wake-up: its
+/// `interrupt_request` is updated without atomics when Xen enters a guest
+/// with an interrupt window, fixed upstream only in QEMU 10.2;
+/// docs/testbed.md, "Known traps"). Without it the soak's emulated host
+/// stalled for good after 6 to 16 moves.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+const NOISE: &[u8] = b"#\n";
+
 fn read_answer(
     stream: &UnixStream,
     id: &str,
@@ -68,8 +80,8 @@ fn read_answer(
         if left.is_zero() {
             return Err(ControlError::Timeout(timeout));
         }
-        stream.set_read_timeout(Some(left))?;
-        line.clear();
+        stream.set_read_timeout(Some(left.min(HEARTBEAT)))?;
+        // A read cut short by the timeout keeps what it read in `line`.
         match reader.read_until(b'\n', &mut line) {
             Ok(0) => return Err(ControlError::Closed),
             Ok(_) => {}
@@ -79,11 +91,19 @@ fn read_answer(
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                 ) =>
             {
-                return Err(ControlError::Timeout(timeout));
+                if Instant::now() < deadline {
+                    (&*stream).write_all(NOISE)?;
+                }
+                continue;
             }
             Err(e) => return Err(e.into()),
         }
-        if let Some(output) = parser.feed(&String::from_utf8_lossy(&line))? {
+        if !line.ends_with(b"\n") {
+            continue;
+        }
+        let fed = parser.feed(&String::from_utf8_lossy(&line))?;
+        line.clear();
+        if let Some(output) = fed {
             return Ok(output);
         }
     }
@@ -103,5 +123,56 @@ pub fn ping(socket: &Path, wait: Duration) -> Result<bool, ControlError> {
         Ok(output) => Ok(output.stdout == b"crane-ready\n"),
         Err(ControlError::Timeout(_)) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crane_testbed_runner::proto::{Incoming, answer, parse_incoming};
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+
+    /// A runner that takes 2.6 s over a request, its answer split around
+    /// the wait: the client sends a noise line after each second of
+    /// silence (the heartbeat), the runner skips them as noise, and the
+    /// answer still arrives whole.
+    #[test]
+    fn a_long_request_is_kept_alive_with_noise_the_runner_skips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(s.try_clone().unwrap());
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            let Incoming::Run { id, .. } = parse_incoming(&request) else {
+                panic!("not a request: {request}");
+            };
+            let full = answer(&id, b"done\n", b"", 0);
+            let (head, tail) = full.split_at(full.len() / 2);
+            s.write_all(head.as_bytes()).unwrap();
+            let mut seen = Vec::new();
+            let until = Instant::now() + Duration::from_millis(2600);
+            while Instant::now() < until {
+                s.set_read_timeout(Some(until - Instant::now())).unwrap();
+                let mut b = [0u8; 64];
+                match s.read(&mut b) {
+                    Ok(n) => seen.extend_from_slice(&b[..n]),
+                    Err(_) => break,
+                }
+            }
+            s.write_all(tail.as_bytes()).unwrap();
+            let text = String::from_utf8(seen).unwrap();
+            for l in text.lines() {
+                assert!(matches!(parse_incoming(l), Incoming::Noise), "{l:?}");
+            }
+            text.lines().count()
+        });
+        let out = run(&path, "sleep 2.6", Duration::from_secs(10)).unwrap();
+        assert_eq!(out.stdout, b"done\n");
+        let beats = fake.join().unwrap();
+        assert!((2..=3).contains(&beats), "{beats} heartbeat(s)");
     }
 }
