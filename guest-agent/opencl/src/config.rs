@@ -68,6 +68,12 @@ pub struct Config {
     /// the local vendor, if one offers a platform (`remote::fallback`), and
     /// the process goes local.
     pub remote_local_after_s: u64,
+    /// `CRANE_REMOTE_DEAD_AFTER_S` (default 60, at least 1): how long data
+    /// sent to crane-proxy, or keepalive probes, may go unacknowledged
+    /// before the connection counts as broken and the session is replayed
+    /// (`TCP_USER_TIMEOUT`). Longer than the network's darkness at the end
+    /// of a live migration.
+    pub remote_dead_after_s: u64,
 }
 
 pub fn get() -> &'static Config {
@@ -120,6 +126,11 @@ pub fn get() -> &'static Config {
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(10),
+            remote_dead_after_s: std::env::var("CRANE_REMOTE_DEAD_AFTER_S")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(60)
+                .max(1),
         }
     })
 }

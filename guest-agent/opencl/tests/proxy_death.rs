@@ -536,6 +536,38 @@ fn a_short_network_partition_is_ridden_out() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// The network between a busy process and its crane-proxy goes silent for
+/// longer than the process lets data go unacknowledged (here 3 s,
+/// `CRANE_REMOTE_DEAD_AFTER_S`; 60 by default): the process gives the
+/// connection up, finds the proxy again once the network is back (7 s
+/// after the cut), opens a new session and replays onto it; it ends with
+/// the native result.
+#[test]
+fn a_partition_longer_than_the_timeout_ends_in_a_replay() {
+    let want = native("pingpong", "6000");
+    let net = Netns::new("long-partition");
+    let proxy = Proxy::start_in("long-partition", &net.b, netns::B_IP, &[("k", "t")]);
+    let app = HeldInNetns::start_with(
+        &net,
+        &proxy,
+        "long-partition",
+        &[("CRANE_REMOTE_DEAD_AFTER_S", "3")],
+    );
+    net.cut();
+    std::thread::sleep(Duration::from_secs(7));
+    net.restore();
+    app.wait_err("took the session back", Duration::from_secs(60));
+    let (out, err) = app.release();
+    assert!(out.status.success(), "{err}");
+    let sessions = proxy
+        .log()
+        .lines()
+        .filter(|l| l.contains("crane_proxy::server") && l.contains("opened: tenant"))
+        .count();
+    assert_eq!(sessions, 2, "{}", proxy.log());
+    assert_eq!(result_line(&out.stdout), want);
+}
+
 /// The network goes silent for 3 s as a move back starts (a partition,
 /// both ends alive): the move back waits for it and completes over the
 /// same session, nothing replayed; the process is local and its result the
@@ -575,26 +607,33 @@ struct HeldInNetns {
 
 impl HeldInNetns {
     fn start(net: &Netns, proxy: &Proxy, name: &str) -> HeldInNetns {
+        Self::start_with(net, proxy, name, &[])
+    }
+
+    /// The same with more environment.
+    fn start_with(net: &Netns, proxy: &Proxy, name: &str, env: &[(&str, &str)]) -> HeldInNetns {
         let scratch = scratch(name);
         let release = scratch.path().join("release");
         let err_path = scratch.path().join("err");
-        let child = Netns::command(
-            &net.a,
-            &apps().join("pingpong"),
-            &[
-                ("LD_PRELOAD", library().to_str().unwrap()),
-                ("CRANE_RUN_DIR", scratch.path().to_str().unwrap()),
-                ("CRANE_MODE", "remote"),
-                ("CRANE_PROXY", &proxy.addr),
-                ("CRANE_PROXY_TOKEN", "k"),
-                ("TESTAPP_HOLD", release.to_str().unwrap()),
-            ],
-        )
-        .args(["--iters", "6000"])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
+        let mut vars = vec![
+            ("LD_PRELOAD", library().to_str().unwrap().to_string()),
+            (
+                "CRANE_RUN_DIR",
+                scratch.path().to_str().unwrap().to_string(),
+            ),
+            ("CRANE_MODE", "remote".to_string()),
+            ("CRANE_PROXY", proxy.addr.clone()),
+            ("CRANE_PROXY_TOKEN", "k".to_string()),
+            ("TESTAPP_HOLD", release.to_str().unwrap().to_string()),
+        ];
+        vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let child = Netns::command(&net.a, &apps().join("pingpong"), &vars)
+            .args(["--iters", "6000"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .spawn()
+            .unwrap();
         let app = HeldInNetns {
             sock: socket_path(scratch.path(), child.id()),
             child: Some(child),

@@ -85,7 +85,7 @@ impl Stream {
 }
 
 /// A dead peer (a proxy domain destroyed without closing its sockets) is
-/// noticed after [`USER_TIMEOUT`] without an acknowledgement: of data sent
+/// noticed after [`user_timeout`] without an acknowledgement: of data sent
 /// when the connection is busy (without it, Linux retransmits for a quarter
 /// of an hour), of keepalive probes when it is idle (from 5 s idle, 3 s
 /// apart; with a user timeout set, the kernel closes on that, not on a
@@ -106,7 +106,7 @@ fn tune(sock: &socket2::SockRef<'_>, quick: bool) {
     let (idle, every, timeout) = if quick {
         (1, 1, QUICK_TIMEOUT)
     } else {
-        (5, 3, USER_TIMEOUT)
+        (5, 3, user_timeout())
     };
     let ka = socket2::TcpKeepalive::new()
         .with_time(Duration::from_secs(idle))
@@ -122,10 +122,12 @@ fn tune(sock: &socket2::SockRef<'_>, quick: bool) {
 
 /// How long data sent to crane-proxy (or keepalive probes) may stay
 /// unacknowledged before the connection counts as broken
-/// (`TCP_USER_TIMEOUT`): crane-proxy's own bound (proxy-dom/src/conn.rs),
-/// past the 18 s of darkness seen at the end of a live migration under
-/// emulation.
-const USER_TIMEOUT: Duration = Duration::from_secs(60);
+/// (`TCP_USER_TIMEOUT`, `CRANE_REMOTE_DEAD_AFTER_S`): by default 60 s,
+/// crane-proxy's own bound (proxy-dom/src/conn.rs), past the 18 s of
+/// darkness seen at the end of a live migration under emulation.
+fn user_timeout() -> Duration {
+    Duration::from_secs(crate::config::get().remote_dead_after_s)
+}
 
 /// The same while dom0 has just said where crane-proxy is now.
 const QUICK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -556,7 +558,7 @@ impl Session {
     /// connection is watched ([`watch_connection`]): one whose peer's host
     /// acknowledges nothing for [`SILENT_AFTER_REDIRECT`] (data sent, or
     /// keepalive probes when idle) is left for a replay, instead of after
-    /// [`USER_TIMEOUT`]. Returns whether a recovery was under way.
+    /// [`user_timeout`]. Returns whether a recovery was under way.
     pub fn redirect(self: &Arc<Self>, addr: String, token: Option<String>) -> bool {
         *lock(&self.redirect) = Some((addr, token));
         *lock(&self.redirected_at) = Some(Instant::now());
