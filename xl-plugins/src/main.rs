@@ -212,7 +212,10 @@ fn arrive(settings: &Settings, args: &[String]) -> i32 {
         },
         Err(e) => {
             // Never lose an arriving domain: receive it without crane.
-            eprintln!("crane: {e}; receiving without crane (the guest will get no GPU)");
+            eprintln!(
+                "crane: {e}; receiving without crane: the guest gets no GPU until craned \
+                 receives it when it starts"
+            );
             None
         }
     };

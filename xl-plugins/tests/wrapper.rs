@@ -276,3 +276,26 @@ fn without_craned_moves_are_refused_unless_bypassed() {
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(f.calls(), ["migrate g h"]);
 }
+
+/// A guest arriving while the destination's craned is not running is
+/// received all the same (never lose an arriving domain): the real
+/// `migrate-receive` runs with the migration stream untouched and its
+/// status, and the wrapper says the guest waits for craned (which receives
+/// it when it starts: craned's
+/// `migrate::a_guest_that_arrived_without_craned_is_received_when_it_starts`).
+#[test]
+fn a_guest_arrives_without_craned_and_waits_for_it() {
+    let f = Fixture::new("arrive-nocraned", false);
+    let out = Command::new(env!("CARGO_BIN_EXE_xl"))
+        .args(["migrate-receive"])
+        .env("CRANE_REAL_XL", f.dir.join("real-xl"))
+        .env("CRANED_SOCKET", Path::new("/nonexistent/craned.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"STREAM-BYTES");
+    assert_eq!(f.calls(), ["migrate-receive"]);
+    let err = text(&out.stderr);
+    assert!(err.contains("receiving without crane"), "{err}");
+    assert!(err.contains("craned receives it when it starts"), "{err}");
+}

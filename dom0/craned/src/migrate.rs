@@ -259,6 +259,9 @@ fn domid16(domid: u32) -> u16 {
     u16::try_from(domid).unwrap_or(u16::MAX)
 }
 
+/// The outcome of receiving one guest.
+pub type Received = Result<Attached, MigrateError>;
+
 impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
     pub fn new(
         store: &'a S,
@@ -933,6 +936,64 @@ impl<'a, S: XenStore, X: Xl> Migration<'a, S, X> {
         Ok(Attached::Resumed(Some(gpu)))
     }
 
+    /// Managed guests running here that may wait for a GPU nobody will
+    /// bring them: no pool GPU and no journal entry speaks for them, by name
+    /// with their domain. Taken when craned starts: a guest received while
+    /// craned was not running (the xl wrapper then lets it arrive without
+    /// crane, its programs carrying on on crane-proxy or parked) is one.
+    /// Their keys are set up so that their agents publish their state.
+    pub fn unattended(&self) -> Result<BTreeMap<String, u32>, MigrateError> {
+        let journaled: BTreeSet<String> = journal::guests(self.store)?.into_iter().collect();
+        let mut out = BTreeMap::new();
+        for guest in &self.cfg.guests {
+            if journaled.contains(guest) {
+                continue;
+            }
+            let Some(domid) = self.xl.domid(guest)? else {
+                continue;
+            };
+            if self.pool_gpus_of(domid)?.is_empty() {
+                self.channel(domid).setup()?;
+                out.insert(guest.clone(), domid);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Of the [`unattended`](Self::unattended) guests, receives (as the
+    /// wrapper would have) each whose agent says `detached`, and forgets it
+    /// and those that need nothing (another state, gone, a GPU or a journal
+    /// entry since); keeps those whose agent has said nothing yet.
+    pub fn adopt_waiting(
+        &mut self,
+        candidates: &mut BTreeMap<String, u32>,
+    ) -> Result<Vec<(String, Received)>, MigrateError> {
+        let mut out = Vec::new();
+        for (guest, domid) in std::mem::take(candidates) {
+            let still = self.xl.domid(&guest)? == Some(domid)
+                && journal::load(self.store, &guest)?.is_none()
+                && self.pool_gpus_of(domid)?.is_empty();
+            if !still {
+                continue;
+            }
+            match self.channel(domid).agent_state()? {
+                None => {
+                    candidates.insert(guest, domid);
+                }
+                Some(s) if matches!(s.state, GuestState::Detached(_)) => {
+                    log::warn!(
+                        "{guest}: detached, without a GPU and without a journal entry (it \
+                         arrived while craned was not running?): receiving it"
+                    );
+                    let r = self.receive(&guest);
+                    out.push((guest, r));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(out)
+    }
+
     /// Takes up every journal entry: at start (after a restart) and on each
     /// supervision tick. `owner_alive` tells whether the wrapper process that
     /// asked for a pre-migrate still runs.
@@ -1552,6 +1613,59 @@ mod tests {
             assert_eq!(agent.ops(), ["prepare-resume"], "{phase:?}");
             assert!(w.journal("g1").is_none(), "{phase:?}");
         }
+    }
+
+    /// A guest that arrived while craned was not running (detached, on
+    /// crane-proxy, no GPU, no journal entry) is received when craned
+    /// starts: a free GPU attached, prepare-resume, nothing left in the
+    /// journal. Guests in passthrough, or detached with a journal entry
+    /// (a migration under way), are left alone.
+    #[test]
+    fn a_guest_that_arrived_without_craned_is_received_when_it_starts() {
+        // Until the agents have published their state (after their keys).
+        fn adopt(w: &mut World, c: &mut BTreeMap<String, u32>) -> Vec<(String, Received)> {
+            let start = Instant::now();
+            loop {
+                let out = w.run(|m| m.adopt_waiting(c)).unwrap();
+                if !out.is_empty() || c.is_empty() || start.elapsed() > Duration::from_secs(5) {
+                    return out;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let mut w = World::new(config());
+        let arrived = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        let fine = w.guest("g2", 4, &[GPU_B], GuestState::Passthrough);
+        let mut c = w.run(|m| m.unattended()).unwrap();
+        assert_eq!(c.keys().collect::<Vec<_>>(), ["g1"]);
+        let out = adopt(&mut w, &mut c);
+        assert!(
+            matches!(&out[..], [(g, Ok(Attached::Resumed(Some(_))))] if g == "g1"),
+            "{out:?}"
+        );
+        assert!(c.is_empty());
+        assert_eq!(w.xl.gpus_of(9).len(), 1);
+        assert_eq!(arrived.ops(), ["prepare-resume"]);
+        assert!(fine.ops().is_empty());
+        assert!(w.journal("g1").is_none());
+        // Without a GPU but in passthrough (a guest that never had one):
+        // forgotten, not received.
+        let mut w = World::new(config());
+        let plain = w.guest("g1", 9, &[], GuestState::Passthrough);
+        let mut c = w.run(|m| m.unattended()).unwrap();
+        let start = Instant::now();
+        while !c.is_empty() && start.elapsed() < Duration::from_secs(5) {
+            assert!(w.run(|m| m.adopt_waiting(&mut c)).unwrap().is_empty());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(c.is_empty());
+        assert!(plain.ops().is_empty());
+        // Detached with a journal entry: a migration craned runs; not touched.
+        let mut w = World::new(config());
+        let leaving = w.guest("g1", 9, &[], GuestState::Detached(DetachKind::Remote));
+        journal::save(&w.dom0, "g1", &Entry::new(Phase::Detached, 9)).unwrap();
+        assert!(w.run(|m| m.unattended()).unwrap().is_empty());
+        assert!(leaving.ops().is_empty());
     }
 
     #[test]

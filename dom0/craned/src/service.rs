@@ -31,7 +31,15 @@ pub struct Service<S, X> {
     pub(crate) transfers: Box<dyn Transfers>,
     /// XenStore-triggered migrations whose transfer is under way.
     pub(crate) jobs: BTreeMap<String, Job>,
+    /// Guests that may have arrived while craned was not running, taken at
+    /// the first tick, and when ([`crate::migrate::Migration::adopt_waiting`]);
+    /// None before the first tick.
+    pub(crate) unattended: Option<(std::time::Instant, BTreeMap<String, u32>)>,
 }
+
+/// How long after craned starts it waits for the agents of guests without a
+/// GPU to say whether they wait for one (`adopt_waiting`).
+const ADOPT_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How many outcomes per guest `crane status` shows.
 const RECENT: usize = 5;
@@ -66,6 +74,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             last: BTreeMap::new(),
             transfers,
             jobs: BTreeMap::new(),
+            unattended: None,
         }
     }
 
@@ -199,16 +208,49 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         self.proxy
             .tick(&self.store, &self.xl, &self.cfg, self.secret.as_deref());
         self.set_up_guests();
+        let taken = self.unattended.take();
         let mut quiet = |_: &str, _: Option<String>| {};
         let mut m = self.migration(&mut quiet, false);
         let recovered = match m.recover(owner_alive) {
             Ok(r) => r,
             Err(e) => {
                 log::error!("cannot read the migration journal: {e}");
+                self.unattended = taken;
                 return;
             }
         };
+        let mut unattended = match taken {
+            Some(u) => u,
+            None => (
+                std::time::Instant::now(),
+                m.unattended().unwrap_or_else(|e| {
+                    log::error!("cannot look for guests waiting for a GPU: {e}");
+                    BTreeMap::new()
+                }),
+            ),
+        };
+        let adopted = if unattended.1.is_empty() || unattended.0.elapsed() > ADOPT_FOR {
+            unattended.1.clear();
+            Vec::new()
+        } else {
+            m.adopt_waiting(&mut unattended.1).unwrap_or_else(|e| {
+                log::error!("cannot look for guests waiting for a GPU: {e}");
+                Vec::new()
+            })
+        };
         let answers = m.answers;
+        self.unattended = Some(unattended);
+        for (guest, r) in adopted {
+            let what = match r {
+                Ok(Attached::Waiting | Attached::OnCpu) => {
+                    "arrived while craned was not running; waits for a GPU".to_string()
+                }
+                Ok(_) => "arrived while craned was not running; received".to_string(),
+                Err(e) => format!("arrived while craned was not running; receiving failed: {e}"),
+            };
+            log::info!("{guest}: {what}");
+            self.note(&guest, what);
+        }
         for (guest, r) in recovered {
             let what = match r {
                 Recovered::Left | Recovered::Received(Ok(Attached::Waiting | Attached::OnCpu)) => {
@@ -379,6 +421,7 @@ mod tests {
     use crane_xs::mem::{MemConn, MemStore};
     use crane_xs::message::GuestState;
     use craned_control::Mode;
+    use std::time::Duration;
 
     fn service(store: &MemStore, xl: &FakeXl) -> Service<MemConn, FakeXl> {
         let mut cfg = Config {
@@ -394,6 +437,58 @@ mod tests {
             None,
             Box::new(|_: &str, _| Ok(())),
         )
+    }
+
+    /// craned starting on a host where a guest arrived without it (detached,
+    /// no GPU, no journal entry) receives it within its first ticks, once
+    /// the agent has its keys and says it is detached; a guest that
+    /// arrives in that state after craned started is left to the wrapper's
+    /// receive.
+    #[test]
+    fn at_start_a_guest_that_arrived_without_craned_is_received() {
+        use crane_xs::message::DetachKind;
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.add_domain("g1", 3, &[]);
+        store.introduce(3);
+        let agent = FakeAgent::start(
+            &store,
+            3,
+            GuestState::Detached(DetachKind::Remote),
+            OnMigrate::Detach,
+        );
+        let mut svc = service(&store, &xl);
+        let start = std::time::Instant::now();
+        while xl.gpus_of(3).is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never received");
+            svc.tick(&|_| false);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(xl.gpus_of(3), [gpu("0000:00:05.0")]);
+        assert_eq!(agent.ops(), ["prepare-resume"]);
+        let notes = svc.last.get("g1").cloned().unwrap_or_default();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n == "arrived while craned was not running; received"),
+            "{notes:?}"
+        );
+        // A guest arriving detached now, after the start: not craned's to take.
+        xl.remove_domain(3);
+        xl.add_domain("g1", 5, &[]);
+        store.introduce(5);
+        let later = FakeAgent::start(
+            &store,
+            5,
+            GuestState::Detached(DetachKind::Remote),
+            OnMigrate::Detach,
+        );
+        for _ in 0..20 {
+            svc.tick(&|_| false);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(xl.gpus_of(5).is_empty());
+        assert!(later.ops().is_empty());
     }
 
     #[test]
