@@ -2479,6 +2479,72 @@ mod tests {
             assert_eq!(c["proxy"]["address"].as_str(), Some("tcp://10.77.0.2:7000"));
         }
     }
+
+    fn soak_with(rounds: &[[u64; 2]]) -> Soak {
+        let r = |fd: u64, nodes: u64| Resources {
+            proxy: [fd, 5, 1000],
+            craned: [21, 2, 1000],
+            app: [4, 3, 1000],
+            agent: [7, 2, 100],
+            xenstore_nodes: nodes,
+        };
+        let mut resources = vec![r(8, 494)];
+        let mut migrations = Vec::new();
+        for &[fd, nodes] in rounds {
+            resources.push(r(fd, nodes));
+            migrations.push(Migration {
+                how: Move::SaveRestore { host: 0 },
+                domid_before: 1,
+                domid_after: 2,
+                uptime_before: 0.0,
+                uptime_after: 0.0,
+                seconds: 1.0,
+                log: String::new(),
+                modes_seen: Vec::new(),
+                pre_stop_ms: None,
+                post_stop_ms: None,
+            });
+        }
+        Soak {
+            native: String::new(),
+            result: String::new(),
+            resources,
+            migrations,
+        }
+    }
+
+    /// The last round is held against the first, move by move: counts that
+    /// alternate with the kind of move are no leak, one descriptor more per
+    /// move is, and a single round says nothing.
+    #[test]
+    fn the_soak_finds_growth_between_its_first_and_last_rounds() {
+        let flat = soak_with(&[[8, 485], [9, 493], [8, 485], [9, 493], [8, 485], [10, 493]]);
+        assert!(flat.leaks(2).is_empty(), "{:?}", flat.leaks(2));
+        let leaking = soak_with(&[
+            [8, 485],
+            [9, 493],
+            [10, 485],
+            [11, 493],
+            [12, 485],
+            [13, 493],
+        ]);
+        assert_eq!(
+            leaking.leaks(2),
+            vec![
+                "crane-proxy descriptors: 8 after move 1, 12 after move 5".to_string(),
+                "crane-proxy descriptors: 9 after move 2, 13 after move 6".to_string(),
+            ]
+        );
+        let nodes = soak_with(&[[8, 485], [8, 493], [8, 489], [8, 497]]);
+        assert_eq!(
+            nodes.leaks(2),
+            vec![
+                "XenStore nodes: 485 after move 1, 489 after move 3".to_string(),
+                "XenStore nodes: 493 after move 2, 497 after move 4".to_string(),
+            ]
+        );
+        assert!(soak_with(&[[8, 485], [30, 493]]).leaks(2).is_empty());
+    }
 }
 
 /// What the soak follows from move to move (issue 17): file descriptors, threads
@@ -2592,7 +2658,56 @@ impl Soak {
             r.xenstore_nodes
         )
     }
+
+    /// Growth from the first round of moves to the last (`period` moves a
+    /// round, [`soak_moves`]): each counter of the last round against the
+    /// most it reached in the first, at the same place in the round (the
+    /// same kind of move onto the same host). Descriptors, threads and
+    /// XenStore nodes that grow by more than [`SOAK_SLACK`] are a leak;
+    /// resident memory is reported, not judged (glibc's arenas grow and
+    /// shrink with the threads a move starts). Empty when fewer than two
+    /// rounds ran.
+    pub fn leaks(&self, period: usize) -> Vec<String> {
+        let n = self.migrations.len();
+        if period == 0 || n < 2 * period {
+            return Vec::new();
+        }
+        let counts = |r: &Resources| -> Vec<(&'static str, u64)> {
+            vec![
+                ("crane-proxy descriptors", r.proxy[0]),
+                ("crane-proxy threads", r.proxy[1]),
+                ("craned descriptors", r.craned[0]),
+                ("craned threads", r.craned[1]),
+                ("program descriptors", r.app[0]),
+                ("program threads", r.app[1]),
+                ("crane-agent descriptors", r.agent[0]),
+                ("crane-agent threads", r.agent[1]),
+                ("XenStore nodes", r.xenstore_nodes),
+            ]
+        };
+        let mut out = Vec::new();
+        // resources[k] is after move k; the first round is moves 1..=period.
+        for k in n - period + 1..=n {
+            let first = (k - 1) % period + 1;
+            for ((what, now), (_, then)) in counts(&self.resources[k])
+                .into_iter()
+                .zip(counts(&self.resources[first]))
+            {
+                if now > then + SOAK_SLACK {
+                    out.push(format!(
+                        "{what}: {then} after move {first}, {now} after move {k}"
+                    ));
+                }
+            }
+        }
+        out
+    }
 }
+
+/// How much a descriptor, thread or XenStore node count may differ between
+/// the soak's first and last rounds without counting as a leak (a helper
+/// thread or a connection caught in passing).
+pub const SOAK_SLACK: u64 = 2;
 
 /// The moves of the soak, in turn: on one host a same-host live migration and
 /// stop-and-copy; on two, also to the other host and back.
@@ -2664,5 +2779,11 @@ pub fn soak(s: &mut Session, app: &App, count: usize) -> anyhow::Result<Soak> {
         crane.result
     );
     soak.result = crane.result;
+    let leaks = soak.leaks(moves.len());
+    ensure!(
+        leaks.is_empty(),
+        "resources grew from the first round of moves to the last:\n  {}",
+        leaks.join("\n  ")
+    );
     Ok(soak)
 }
