@@ -280,10 +280,17 @@ cl_object!(
 );
 
 impl Mem {
-    /// The object that owns the storage (a sub-buffer's parent).
+    /// The object that owns the storage: a sub-buffer's parent, the buffer
+    /// an image was made from (`CL_MEM_OBJECT_IMAGE1D_BUFFER`, or a 2D image
+    /// from a buffer). Writes through an image made from a buffer mark the
+    /// buffer dirty: it is the buffer that is read at a suspend and the image
+    /// that is made from it again at the resume.
     pub fn root(&self) -> &Mem {
         match &self.kind {
             MemKind::SubBuffer { parent, .. } => parent.root(),
+            MemKind::Image {
+                buffer: Some(b), ..
+            } => b.root(),
             _ => self,
         }
     }
@@ -304,6 +311,9 @@ impl Mem {
     pub fn root_offset(&self) -> usize {
         match &self.kind {
             MemKind::SubBuffer { parent, origin } => parent.root_offset() + origin,
+            MemKind::Image {
+                buffer: Some(b), ..
+            } => b.root_offset(),
             _ => 0,
         }
     }
