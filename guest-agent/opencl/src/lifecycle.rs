@@ -1864,22 +1864,21 @@ pub fn go_remote(
             format!("moving to crane-proxy at {addr} failed: {e}; it stays suspended")
         });
     }
-    let parallel = crate::config::get().parallel_release;
-    if parallel {
+    if crate::config::get().parallel_release {
         return go_remote_streamed(&addr, remote, before, deadline, spec);
     }
+    // `CRANE_PARALLEL_RELEASE=0`: read, release and unload, then rebuild.
     let mut tm = Timer::new();
     park(deadline, &mut tm, None)?;
-    let releaser = Releaser::start(take_vendor_objects(), vendor::detach(), parallel);
+    let released = release_and_close(take_vendor_objects(), vendor::detach());
     set_mode(Mode::Suspended);
     vendor::set_target(remote);
     vendor::set_device(spec);
     let rebuilt = rebuild();
     let waited = Instant::now();
-    let released = releaser.finish();
     let mut res = residue();
     res.libraries_still_mapped = released.still_mapped.clone();
-    end_move(&mut tm, &released, parallel, false, waited, rebuilt, before)
+    end_move(&mut tm, &released, false, false, waited, rebuilt, before)
         .map(|()| (tm.phases, res))
         .map_err(|e| moving_failed(&addr, e))
 }
@@ -1898,8 +1897,8 @@ fn moving_failed(addr: &str, (e, back): (String, Result<(), String>)) -> String 
 /// recreates the objects on the proxy and sends each buffer as soon as its
 /// read is done ([`await_read`]), so that reading, sending and the proxy's
 /// writes overlap instead of following one another; the helper then
-/// releases the local objects and unloads the local vendor (as
-/// [`Releaser`] does). If a read fails, the move goes back: the proxy's
+/// releases the local objects and unloads the local vendor
+/// ([`release_and_close`]). If a read fails, the move goes back: the proxy's
 /// objects are given up and the local ones, not released, put back.
 fn go_remote_streamed(
     addr: &str,
@@ -2156,24 +2155,19 @@ fn read_job(j: &ReadJob) -> ClResult<()> {
         .filter(|d| d.len() == m.size)
         .unwrap_or_else(|| HostBytes::zeroed(m.size));
     let pin = data.pin_on(j.context as *mut c_void, j.device as *mut c_void);
-    let q = j.queue as *mut c_void;
-    // SAFETY: a blocking read of the buffer's `size` bytes into `data`; the
-    // local objects stay alive until the helper releases them after this.
-    let rc = unsafe {
-        vfn!(q, clEnqueueReadBuffer)?(
-            q.cast(),
-            (j.mem as *mut c_void).cast(),
-            CL_TRUE,
-            0,
-            m.size,
-            data.as_mut_ptr().cast(),
-            0,
-            std::ptr::null(),
-            std::ptr::null_mut(),
-        )
-    };
+    // A plain read (the host may read these buffers: no scratch buffer on
+    // the context, whose vendor handle is already taken); the local
+    // objects stay alive until the helper releases them after this.
+    let read = read_buffer(
+        &m.context,
+        j.queue as cl_command_queue,
+        j.mem as *mut c_void,
+        m.flags,
+        m.size,
+        data.as_mut_ptr(),
+    );
     drop(pin);
-    check(rc)?;
+    read?;
     if crate::fault::move_read_fails() {
         return Err(CL_OUT_OF_RESOURCES);
     }
@@ -2259,7 +2253,7 @@ struct Released {
 fn release_and_close(held: Held, detached: vendor::Detached) -> Released {
     let t = Instant::now();
     give_back(held);
-    unload_compilers_of(detached.platforms());
+    unload_compilers_of(&detached.platforms());
     let release = t.elapsed();
     let still_mapped = close_vendors(detached);
     Released {
@@ -2269,61 +2263,21 @@ fn release_and_close(held: Held, detached: vendor::Detached) -> Released {
     }
 }
 
-type Work = Arc<Mutex<Option<(Held, vendor::Detached)>>>;
-
-/// The release of the local objects during a move to crane-proxy.
+/// The release of the local objects during a move back from crane-proxy.
 enum Releaser {
-    /// Done before the proxy rebuilt anything (`CRANE_PARALLEL_RELEASE=0`).
+    /// Done before the rebuild (`CRANE_PARALLEL_RELEASE=0`).
     Done(Released),
-    /// On a helper thread (none if it could not be started); whoever takes
-    /// the work out of `work` does it.
-    Helper {
-        thread: Option<std::thread::JoinHandle<Released>>,
-        work: Work,
-    },
-    /// Done when [`finish`](Releaser::finish) is called (a move back: after
-    /// the application runs locally again).
+    /// Done when [`finish`](Releaser::finish) is called: after the
+    /// application runs locally again.
     Later(Held, vendor::Detached),
 }
 
 impl Releaser {
-    /// Starts the helper (`parallel`), or does the work at once.
-    fn start(held: Held, detached: vendor::Detached, parallel: bool) -> Releaser {
-        if !parallel {
-            return Releaser::Done(release_and_close(held, detached));
-        }
-        let work: Work = Arc::new(Mutex::new(Some((held, detached))));
-        let mine = work.clone();
-        let thread = std::thread::Builder::new()
-            .name("crane-release".into())
-            .spawn(move || Self::take_and_run(&mine))
-            .map_err(|e| warn!("releasing on this thread: cannot start a helper ({e})"))
-            .ok();
-        Releaser::Helper { thread, work }
-    }
-
-    fn take_and_run(work: &Mutex<Option<(Held, vendor::Detached)>>) -> Released {
-        let taken = work.lock().unwrap_or_else(|e| e.into_inner()).take();
-        taken.map_or_else(Released::default, |(held, detached)| {
-            release_and_close(held, detached)
-        })
-    }
-
-    /// Waits for the helper; whatever it did not take (it could not be
-    /// started, or it panicked before taking it) is done here.
     fn finish(self) -> Released {
-        let (thread, work) = match self {
-            Releaser::Done(r) => return r,
-            Releaser::Later(held, detached) => return release_and_close(held, detached),
-            Releaser::Helper { thread, work } => (thread, work),
-        };
-        let joined = thread.and_then(|t| {
-            t.join()
-                .map_err(|_| warn!("the release helper panicked"))
-                .ok()
-        });
-        let leftover = Self::take_and_run(&work);
-        joined.unwrap_or(leftover)
+        match self {
+            Releaser::Done(r) => r,
+            Releaser::Later(held, detached) => release_and_close(held, detached),
+        }
     }
 }
 

@@ -994,8 +994,6 @@ pub struct Detached {
     /// crane's root devices and their vendor handles.
     devices: Vec<(Arc<Device>, *mut c_void)>,
     loaded: Vec<Option<Loaded>>,
-    /// The platform handles alone (for [`Detached::platforms`]).
-    handles: Vec<*mut c_void>,
 }
 
 // SAFETY: vendor handles and libraries may be used from any thread; crane's
@@ -1006,7 +1004,7 @@ unsafe impl Send for Detached {}
 /// devices out of crane's state.
 pub fn detach() -> Detached {
     let mut st = state();
-    let platforms: Vec<_> = st
+    let platforms = st
         .platforms
         .iter()
         .map(|p| (p.clone(), p.base.take_vendor()))
@@ -1018,7 +1016,6 @@ pub fn detach() -> Detached {
         .map(|d| (d.clone(), d.base.take_vendor()))
         .collect();
     Detached {
-        handles: platforms.iter().map(|(_, v)| *v).collect(),
         platforms,
         devices,
         loaded: std::mem::take(&mut st.loaded),
@@ -1047,8 +1044,8 @@ pub fn reattach(d: Detached) {
 
 impl Detached {
     /// The vendor platforms (null where a vendor had none loaded).
-    pub fn platforms(&self) -> &[*mut c_void] {
-        &self.handles
+    pub fn platforms(&self) -> Vec<*mut c_void> {
+        self.platforms.iter().map(|(_, v)| *v).collect()
     }
 
     /// Closes the vendor libraries (a remote session: frees crane's remote
@@ -1062,8 +1059,9 @@ impl Detached {
         if remote {
             // Remote platforms and devices are crane's own objects: free them.
             for v in self
-                .handles
+                .platforms
                 .into_iter()
+                .map(|(_, v)| v)
                 .chain(self.devices.into_iter().map(|(_, v)| v))
                 .filter(|v| !v.is_null())
             {

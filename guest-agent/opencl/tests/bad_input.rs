@@ -807,6 +807,31 @@ fn use_host_ptr_contents_survive_a_suspend() {
     }
 }
 
+/// pingpong for `iters` iterations under the fault-injection build with
+/// `fault` in its environment, holding halfway until the file returned
+/// third exists: the child, its control socket (up), that file and the
+/// folder holding them.
+fn held_under_faults(
+    iters: &str,
+    fault: (&str, &str),
+) -> (Child, PathBuf, PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    let child = Command::new(apps().join("pingpong"))
+        .args(["--iters", iters])
+        .env("LD_PRELOAD", fault_library())
+        .env("CRANE_RUN_DIR", dir.path())
+        .env(fault.0, fault.1)
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    common::proxy::wait_socket(&sock);
+    (child, sock, release, dir)
+}
+
 /// A resume whose local vendor offers no device (NVIDIA once answered with
 /// none in 148 CTS cycles, with other CUDA processes starting beside it;
 /// here the fault-injection build makes the first two reloads see none)
@@ -817,20 +842,8 @@ fn use_host_ptr_contents_survive_a_suspend() {
 #[test]
 fn a_vendor_without_a_device_for_a_moment_is_tried_again() {
     for (failing, resumes) in [("2", 1), ("4", 2)] {
-        let dir = tempfile::tempdir().unwrap();
-        let release = dir.path().join("release");
-        let child = Command::new(apps().join("pingpong"))
-            .args(["--iters", "2000"])
-            .env("LD_PRELOAD", fault_library())
-            .env("CRANE_RUN_DIR", dir.path())
-            .env("CRANE_FAULT_RELOADS_WITHOUT_DEVICE", failing)
-            .env("TESTAPP_HOLD", &release)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let sock = socket_path(dir.path(), child.id());
-        common::proxy::wait_socket(&sock);
+        let (child, sock, release, _dir) =
+            held_under_faults("2000", ("CRANE_FAULT_RELOADS_WITHOUT_DEVICE", failing));
         suspend(&sock);
         for i in 1..=resumes {
             let r = call(&sock, &Request::RESUME, Duration::from_secs(60)).unwrap();
@@ -867,20 +880,8 @@ fn a_vendor_without_a_device_for_a_moment_is_tried_again() {
 #[test]
 fn a_read_failing_during_a_move_to_the_proxy_leaves_the_app_local() {
     let proxy = common::proxy::Proxy::start("readfail", true, &[("k", "t")]);
-    let dir = tempfile::tempdir().unwrap();
-    let release = dir.path().join("release");
-    let child = Command::new(apps().join("pingpong"))
-        .args(["--iters", "3000"])
-        .env("LD_PRELOAD", fault_library())
-        .env("CRANE_RUN_DIR", dir.path())
-        .env("CRANE_FAULT_MOVE_READ_FAILS", "2")
-        .env("TESTAPP_HOLD", &release)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = socket_path(dir.path(), child.id());
-    common::proxy::wait_socket(&sock);
+    let (child, sock, release, _dir) =
+        held_under_faults("3000", ("CRANE_FAULT_MOVE_READ_FAILS", "2"));
     let status = || {
         call(&sock, &Request::Status, Duration::from_secs(60))
             .unwrap()

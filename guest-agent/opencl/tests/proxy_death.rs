@@ -527,11 +527,7 @@ fn a_short_network_partition_is_ridden_out() {
     let (out, err) = app.release();
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("took the session back"), "{err}");
-    let sessions = proxy
-        .log()
-        .lines()
-        .filter(|l| l.contains("crane_proxy::server") && l.contains("opened: tenant"))
-        .count();
+    let sessions = sessions_opened(&proxy);
     assert_eq!(sessions, 1, "{}", proxy.log());
     assert_eq!(result_line(&out.stdout), want);
 }
@@ -559,11 +555,7 @@ fn a_partition_longer_than_the_timeout_ends_in_a_replay() {
     app.wait_err("took the session back", Duration::from_secs(60));
     let (out, err) = app.release();
     assert!(out.status.success(), "{err}");
-    let sessions = proxy
-        .log()
-        .lines()
-        .filter(|l| l.contains("crane_proxy::server") && l.contains("opened: tenant"))
-        .count();
+    let sessions = sessions_opened(&proxy);
     assert_eq!(sessions, 2, "{}", proxy.log());
     assert_eq!(result_line(&out.stdout), want);
 }
@@ -591,6 +583,15 @@ fn a_move_back_rides_out_a_short_partition() {
     assert!(out.status.success(), "{err}");
     assert!(!err.contains("took the session back"), "{err}");
     assert_eq!(result_line(&out.stdout), want);
+}
+
+/// How many sessions `proxy` has opened, by its log.
+fn sessions_opened(proxy: &Proxy) -> usize {
+    proxy
+        .log()
+        .lines()
+        .filter(|l| l.contains("crane_proxy::server") && l.contains("opened: tenant"))
+        .count()
 }
 
 /// pingpong on `proxy` (in namespace `net.b`), started from namespace
