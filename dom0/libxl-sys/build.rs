@@ -19,6 +19,7 @@ const FUNCTIONS: &[&str] = &[
     "libxl_dominfo_dispose",
     "libxl_dominfo_list_free",
     "libxl_domain_destroy",
+    "libxl_domain_unpause",
     "libxl_device_pci_init",
     "libxl_device_pci_dispose",
     "libxl_device_pci_add",

@@ -143,6 +143,9 @@ pub fn run_all(mut jobs: Vec<Job>, width: usize) -> Result<()> {
     let (tx, rx) = mpsc::channel::<(String, Duration, std::io::Result<Output>)>();
     let mut running = 0;
     let mut failed = Vec::new();
+    // What each failed job printed, repeated in short after the rest: a CI
+    // log is often read from its end.
+    let mut gist = String::new();
     loop {
         while running < width && failed.is_empty() {
             let Some(mut job) = queue.pop_front() else {
@@ -170,6 +173,12 @@ pub fn run_all(mut jobs: Vec<Job>, width: usize) -> Result<()> {
                 if !out.status.success() {
                     eprintln!("xtask: {name} FAILED ({})", out.status);
                     failed.push(format!("{name} ({})", out.status));
+                    let mut all = String::from_utf8_lossy(&out.stdout).into_owned();
+                    all.push_str(&String::from_utf8_lossy(&out.stderr));
+                    gist.push_str(&format!(
+                        "xtask: {name} FAILED; the end of its output, backtraces left out:\n{}",
+                        tail_without_backtraces(&all, GIST_LINES)
+                    ));
                 }
             }
             Err(e) => failed.push(format!("{name}: cannot run it: {e}")),
@@ -177,6 +186,7 @@ pub fn run_all(mut jobs: Vec<Job>, width: usize) -> Result<()> {
     }
     let skipped = queue.len();
     if !failed.is_empty() {
+        eprint!("{gist}");
         bail!(
             "{} of {total} test binaries failed: {}{}",
             failed.len(),
@@ -195,6 +205,29 @@ pub fn run_all(mut jobs: Vec<Job>, width: usize) -> Result<()> {
     Ok(())
 }
 
+/// How many lines of a failed job's output are repeated at the end.
+const GIST_LINES: usize = 40;
+
+/// The last `n` lines of `text`, without the frames of Rust backtraces
+/// (`  12: symbol` and `      at file:line`) and the lines announcing them.
+fn tail_without_backtraces(text: &str, n: usize) -> String {
+    let frame = |l: &str| {
+        let t = l.trim_start();
+        let numbered = t
+            .split_once(':')
+            .is_some_and(|(k, _)| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+        (numbered && l.starts_with(' '))
+            || (t.starts_with("at ") && l.starts_with("    "))
+            || t == "Stack backtrace:"
+            || t.starts_with("note: run with `RUST_BACKTRACE")
+    };
+    let kept: Vec<&str> = text.lines().filter(|l| !frame(l)).collect();
+    let from = kept.len().saturating_sub(n);
+    let mut out = kept[from..].join("\n");
+    out.push('\n');
+    out
+}
+
 fn print_lossy(bytes: &[u8]) {
     use std::io::Write;
     // Test output goes to the log as cargo test would print it.
@@ -211,6 +244,21 @@ fn dir_of(job: &Job) -> Option<&std::path::Path> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_is_repeated_without_its_backtrace() {
+        let out = "one\ntwo differs from native\nError: 1 mode differs\n\nStack backtrace:\n   0: anyhow::error::msg\n             at /r/src/backtrace.rs:10:14\n  11: main\nlast words\n";
+        assert_eq!(
+            tail_without_backtraces(out, 3),
+            "Error: 1 mode differs\n\nlast words\n"
+        );
+        assert_eq!(tail_without_backtraces(out, 40).lines().count(), 5);
+        // A test's own indented output is kept.
+        assert_eq!(
+            tail_without_backtraces("  ratio: 1.0\n", 5),
+            "  ratio: 1.0\n"
+        );
+    }
 
     #[test]
     fn reads_test_executables_from_cargo_messages() {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crane_libxl::Xl;
+use crane_libxl::{DomainState, Xl};
 use crane_xs::XenStore;
 use crane_xs::proxy::{ProxyNow, publish_proxy_now, publish_tokens};
 use craned_control::ProxyStatus;
@@ -54,6 +54,11 @@ pub struct ProxySupervisor {
     /// and when.
     told: u64,
     told_at: Option<Instant>,
+    /// The proxy domain created paused, waiting for its GPU: it is let run
+    /// only once the GPU is attached, so that its kernel finds the device
+    /// when it boots (a device hot-plugged while a PV kernel boots can be
+    /// missed by pcifront).
+    held: Option<u32>,
 }
 
 impl ProxySupervisor {
@@ -72,6 +77,7 @@ impl ProxySupervisor {
             check,
             told: 0,
             told_at: None,
+            held: None,
         }
     }
 
@@ -160,12 +166,20 @@ impl ProxySupervisor {
         }
         self.started = Some(Instant::now());
         self.failures = 0;
-        if let Err(e) = xl.create(&cfg.proxy.config) {
+        // With a GPU to give it, created paused: the GPU may still be held
+        // by the domain just destroyed (pciback releases it a moment later,
+        // and libxl answers "not assignable" until then); `supervise`
+        // attaches it, retrying on each tick, then lets the domain run.
+        let paused = cfg.proxy.gpu.is_some();
+        if let Err(e) = xl.create(&cfg.proxy.config, paused) {
             self.error(e.to_string());
             return None;
         }
         match xl.domid(&cfg.proxy.domain) {
-            Ok(Some(d)) => Some(d),
+            Ok(Some(d)) => {
+                self.held = paused.then_some(d);
+                Some(d)
+            }
             Ok(None) => {
                 self.error(format!(
                     "xl create {} made no domain named {}",
@@ -225,19 +239,44 @@ impl ProxySupervisor {
                 return;
             };
             self.status.domid = Some(domid);
+            if self.held.is_some_and(|h| h != domid) {
+                self.held = None;
+            }
             if let Some(gpu) = cfg.proxy.gpu {
-                match xl.pci_list(domid) {
-                    Ok(l) if l.contains(&gpu) => {}
+                let has_gpu = match xl.pci_list(domid) {
+                    Ok(l) if l.contains(&gpu) => true,
                     Ok(_) => {
                         let r = xl
                             .pci_assignable_add(gpu, false)
                             .and_then(|()| xl.pci_attach(domid, gpu));
                         match r {
-                            Ok(()) => log::info!("proxy: GPU {gpu} attached"),
-                            Err(e) => self.error(format!("cannot attach its GPU {gpu}: {e}")),
+                            Ok(()) => {
+                                log::info!("proxy: GPU {gpu} attached");
+                                true
+                            }
+                            Err(e) => {
+                                let e = format!("cannot attach its GPU {gpu}: {e}");
+                                match self.held {
+                                    Some(_) => self.error(format!("{e} (kept paused; retrying)")),
+                                    None => self.error(e),
+                                }
+                                false
+                            }
                         }
                     }
-                    Err(e) => self.error(e.to_string()),
+                    Err(e) => {
+                        self.error(e.to_string());
+                        false
+                    }
+                };
+                if has_gpu && self.held == Some(domid) {
+                    match xl.unpause(domid) {
+                        Ok(()) => {
+                            log::info!("proxy: domain {} (id {domid}) runs", cfg.proxy.domain);
+                            self.held = None;
+                        }
+                        Err(e) => self.error(format!("cannot unpause the proxy domain: {e}")),
+                    }
                 }
             }
             if let Some(secret) = secret {
@@ -313,6 +352,12 @@ impl ProxySupervisor {
                     // Running before craned started: no boot grace.
                     self.started =
                         Some(Instant::now() - Duration::from_millis(cfg.proxy.boot_grace_ms));
+                    if i.state == DomainState::Paused && cfg.proxy.gpu.is_some() {
+                        // Left paused by a craned stopped before it gave the
+                        // domain its GPU: given it and let run now.
+                        self.started = Some(Instant::now());
+                        self.held = Some(domid);
+                    }
                 }
                 Some(domid)
             }
@@ -397,6 +442,76 @@ mod tests {
         sup.tick(&dom0, &xl, &cfg, Some(SECRET));
         assert_eq!(xl.created().len(), 1);
         assert_eq!(sup.status().restarts, 0);
+    }
+
+    fn state(xl: &FakeXl, domid: u32) -> DomainState {
+        xl.domain_info(domid).unwrap().unwrap().state
+    }
+
+    #[test]
+    fn the_proxy_domain_runs_only_once_it_has_its_gpu() {
+        // Right after the old proxy domain is destroyed its GPU may not be
+        // assignable yet: the new domain waits, paused, until the GPU is
+        // attached (a PV kernel booting meanwhile would not see it).
+        let mut cfg = config();
+        cfg.proxy.boot_grace_ms = 60_000;
+        let store = MemStore::new();
+        let dom0 = store.connect(0);
+        let xl = FakeXl::default();
+        xl.create_makes("proxy");
+        xl.fail_attach(true);
+        let (up, check) = switch();
+        *up.lock().unwrap() = false;
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        for _ in 0..3 {
+            sup.tick(&dom0, &xl, &cfg, None);
+        }
+        let domid = xl.domid("proxy").unwrap().unwrap();
+        assert_eq!(xl.created().len(), 1, "waiting is not a reason to recreate");
+        assert_eq!(state(&xl, domid), DomainState::Paused);
+        assert!(xl.gpus_of(domid).is_empty());
+        let e = sup.status().last_error.clone().unwrap();
+        assert!(e.starts_with("booting"), "{e}");
+        // The GPU is free now: attached, then the domain runs.
+        xl.fail_attach(false);
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert_eq!(xl.gpus_of(domid), [gpu("0000:00:07.0")]);
+        assert_eq!(state(&xl, domid), DomainState::Running);
+        *up.lock().unwrap() = true;
+        sup.tick(&dom0, &xl, &cfg, None);
+        assert!(sup.status().healthy);
+        assert_eq!(xl.created().len(), 1);
+    }
+
+    #[test]
+    fn without_a_gpu_to_give_the_proxy_domain_starts_at_once() {
+        let mut cfg = config();
+        cfg.proxy.gpu = None;
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.create_makes("proxy");
+        let (_up, check) = switch();
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        sup.tick(&store.connect(0), &xl, &cfg, None);
+        let domid = xl.domid("proxy").unwrap().unwrap();
+        assert_eq!(state(&xl, domid), DomainState::Running);
+    }
+
+    #[test]
+    fn a_proxy_domain_left_paused_is_given_its_gpu_and_let_run() {
+        // craned stopped between creating the domain paused and letting it
+        // run: the next craned finishes the job.
+        let cfg = config();
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.add_domain("proxy", 6, &[]);
+        xl.set_state(6, DomainState::Paused);
+        let (_up, check) = switch();
+        let mut sup = ProxySupervisor::new(&cfg, check);
+        sup.tick(&store.connect(0), &xl, &cfg, None);
+        assert_eq!(xl.gpus_of(6), [gpu("0000:00:07.0")]);
+        assert_eq!(state(&xl, 6), DomainState::Running);
+        assert!(xl.created().is_empty());
     }
 
     #[test]

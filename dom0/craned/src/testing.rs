@@ -190,15 +190,34 @@ impl Xl for FakeXl {
         Ok(())
     }
 
-    fn create(&self, config: &Path) -> Result<(), LibxlError> {
+    fn create(&self, config: &Path, paused: bool) -> Result<(), LibxlError> {
         let mut s = self.lock();
         s.created.push(config.to_path_buf());
         if let Some(name) = s.creates.clone() {
             let domid = s.next_domid.max(1);
             s.next_domid = domid + 1;
-            s.domains.insert(domid, (name, DomainState::Running));
+            let state = if paused {
+                DomainState::Paused
+            } else {
+                DomainState::Running
+            };
+            s.domains.insert(domid, (name, state));
         }
         Ok(())
+    }
+
+    fn unpause(&self, domid: u32) -> Result<(), LibxlError> {
+        match self.lock().domains.get_mut(&domid) {
+            Some((_, state)) => {
+                *state = DomainState::Running;
+                Ok(())
+            }
+            None => Err(LibxlError::Domain {
+                op: "domain_unpause",
+                domid,
+                code: LibxlCode::DomainNotFound,
+            }),
+        }
     }
 
     fn destroy(&self, domid: u32) -> Result<(), LibxlError> {

@@ -11,15 +11,17 @@ use std::process::Command;
 
 use crate::error::LibxlError;
 
-/// Runs `XL create CONFIG` and waits for it; xl returns once the domain is
-/// built and unpaused (it does not attach to the console without `-c`).
-pub fn xl_create(xl: &Path, config: &Path) -> Result<(), LibxlError> {
+/// Runs `XL create [-p] CONFIG` and waits for it; xl returns once the domain
+/// is built and unpaused, or with `paused` built and left paused (it does not
+/// attach to the console without `-c`).
+pub fn xl_create(xl: &Path, config: &Path, paused: bool) -> Result<(), LibxlError> {
     let fail = |why: String| LibxlError::Create {
         config: config.display().to_string(),
         why,
     };
     let out = Command::new(xl)
         .arg("create")
+        .args(paused.then_some("-p"))
         .arg(config)
         .output()
         .map_err(|e| fail(format!("cannot run {}: {e}", xl.display())))?;
@@ -53,7 +55,7 @@ mod tests {
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let e = xl_create(&fake, Path::new("/etc/xen/p.cfg"))
+        let e = xl_create(&fake, Path::new("/etc/xen/p.cfg"), false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("/etc/xen/p.cfg"), "{e}");
@@ -62,9 +64,18 @@ mod tests {
             e.contains("Parsing config from /etc/xen/p.cfg / bad thing"),
             "{e}"
         );
-        std::fs::write(&fake, "#!/bin/sh\nexit 0\n").unwrap();
-        xl_create(&fake, Path::new("/etc/xen/p.cfg")).unwrap();
-        let e = xl_create(&dir.join("missing"), Path::new("c"))
+        // Paused: `-p` comes before the configuration.
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\n[ \"$1 $2 $3\" = 'create -p /etc/xen/p.cfg' ] || exit 4\n",
+        )
+        .unwrap();
+        xl_create(&fake, Path::new("/etc/xen/p.cfg"), true).unwrap();
+        let e = xl_create(&fake, Path::new("/etc/xen/p.cfg"), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exit status: 4"), "{e}");
+        let e = xl_create(&dir.join("missing"), Path::new("c"), false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot run"), "{e}");

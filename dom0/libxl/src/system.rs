@@ -314,8 +314,18 @@ impl Xl for Libxl {
         })
     }
 
-    fn create(&self, config: &Path) -> Result<(), LibxlError> {
-        xl_create(&self.xl, config)
+    fn create(&self, config: &Path, paused: bool) -> Result<(), LibxlError> {
+        xl_create(&self.xl, config, paused)
+    }
+
+    fn unpause(&self, domid: u32) -> Result<(), LibxlError> {
+        let ctx = self.lock();
+        // SAFETY: valid context; a null ao_how makes the call synchronous.
+        let rc = unsafe { sys::libxl_domain_unpause(ctx.ctx, domid, ptr::null()) };
+        check("domain_unpause", rc).map_err(|e| match e {
+            LibxlError::Call { op, code } => LibxlError::Domain { op, domid, code },
+            e => e,
+        })
     }
 
     fn destroy(&self, domid: u32) -> Result<(), LibxlError> {

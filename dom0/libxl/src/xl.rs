@@ -63,8 +63,12 @@ pub trait Xl {
     fn pci_attach(&self, domid: u32, bdf: PciAddr) -> Result<(), LibxlError>;
     /// Hot-unplugs a device from a domain; it stays assignable.
     fn pci_detach(&self, domid: u32, bdf: PciAddr) -> Result<(), LibxlError>;
-    /// Creates (and starts) a domain from an xl configuration file.
-    fn create(&self, config: &Path) -> Result<(), LibxlError>;
+    /// Creates a domain from an xl configuration file: started, or with
+    /// `paused` left paused (`xl create -p`) until [`Xl::unpause`], so that
+    /// devices can be given to it before it boots.
+    fn create(&self, config: &Path, paused: bool) -> Result<(), LibxlError>;
+    /// Lets a paused domain run.
+    fn unpause(&self, domid: u32) -> Result<(), LibxlError>;
     /// Destroys a domain at once.
     fn destroy(&self, domid: u32) -> Result<(), LibxlError>;
 }
