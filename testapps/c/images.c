@@ -6,7 +6,10 @@
  * (clCreateSamplerWithProperties where the platform is >= 2.0).  Every
  * iteration uses clEnqueueWriteImage, ReadImage, CopyImage, CopyImageToBuffer,
  * CopyBufferToImage and FillImage on sub-rectangles.  One image is created
- * with the deprecated clCreateImage2D as old apps do.  Nearest filtering and
+ * with the deprecated clCreateImage2D as old apps do; a 1D image made from a
+ * buffer (CL_MEM_OBJECT_IMAGE1D_BUFFER) is written through the image and read
+ * back whole (PoCL before 7.0 leaks a context reference per such image, which
+ * crane must give back for a suspend to unload PoCL completely).  Nearest filtering and
  * exact texel-centre coordinates keep the results bit-identical.
  */
 #define CL_USE_DEPRECATED_OPENCL_1_1_APIS
@@ -131,6 +134,20 @@ int main(int argc, char **argv)
     cl_uchar zero = 0;
     CK(clEnqueueFillBuffer(q, buf, &zero, 1, 0, bufbytes, 0, NULL, NULL));
 
+    /* A 1D image made from a buffer (CL_MEM_OBJECT_IMAGE1D_BUFFER): written
+     * through the image, so its contents live in the buffer's storage. */
+    cl_mem buf1d = make_buffer(ctx, CL_MEM_READ_WRITE, W * 4, NULL);
+    CK(clEnqueueFillBuffer(q, buf1d, &zero, 1, 0, W * 4, 0, NULL, NULL));
+    cl_image_format fmt1d = {CL_RGBA, CL_UNSIGNED_INT8};
+    cl_image_desc desc1d;
+    memset(&desc1d, 0, sizeof desc1d);
+    desc1d.image_type = CL_MEM_OBJECT_IMAGE1D_BUFFER;
+    desc1d.image_width = W;
+    desc1d.buffer = buf1d;
+    cl_mem img1d = clCreateImage(ctx, CL_MEM_READ_WRITE, &fmt1d, &desc1d, NULL, &err);
+    CKE(err, "clCreateImage (1D image buffer)");
+    unsigned char *line1d = xmalloc(W * 4);
+
     unsigned char patch[16 * 16 * 4];
     unsigned char probe_u[32 * 8 * 4];
     float probe_f[16 * 4 * 4];
@@ -199,6 +216,10 @@ int main(int argc, char **argv)
         size_t frr[3] = {16, 4, 1};
         CK(clEnqueueReadImage(q, imgf, CL_FALSE, fro, frr, 16 * 4 * sizeof(float), 0, probe_f, 0, NULL, NULL));
 
+        /* 16 pixels of the 1D image buffer, through the image */
+        size_t lo[3] = {((size_t)it * 5u) % (W - 16), 0, 0}, lr[3] = {16, 1, 1};
+        CK(clEnqueueWriteImage(q, img1d, CL_FALSE, lo, lr, 0, 0, patch, 0, NULL, NULL));
+
         CK(clFinish(q));
         hash_bytes(probe_u, sizeof probe_u);
         hash_bytes(probe_f, sizeof probe_f);
@@ -210,6 +231,9 @@ int main(int argc, char **argv)
             hash_bytes(full_f, W * H * 4 * sizeof(float));
             CK(clEnqueueReadBuffer(q, buf, CL_TRUE, 0, bufbytes, full_u, 0, NULL, NULL));
             hash_bytes(full_u, bufbytes);
+            size_t lfull[3] = {W, 1, 1};
+            CK(clEnqueueReadImage(q, img1d, CL_TRUE, origin0, lfull, 0, 0, line1d, 0, NULL, NULL));
+            hash_bytes(line1d, W * 4);
         }
         if (it % 500 == 499)
             printf("images: iteration %d\n", it + 1);
@@ -220,6 +244,9 @@ int main(int argc, char **argv)
     CK(clReleaseMemObject(imgf));
     CK(clReleaseMemObject(imgf2));
     CK(clReleaseMemObject(buf));
+    CK(clReleaseMemObject(img1d));
+    CK(clReleaseMemObject(buf1d));
+    free(line1d);
     CK(clReleaseSampler(s_u));
     CK(clReleaseSampler(s_f));
     CK(clReleaseKernel(kuf));

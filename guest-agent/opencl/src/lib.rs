@@ -28,6 +28,7 @@ pub mod handle;
 pub mod lifecycle;
 mod local_ahead;
 pub mod objects;
+mod quirks;
 pub mod remote;
 mod retarget;
 pub mod staging;

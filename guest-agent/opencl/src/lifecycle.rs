@@ -1105,11 +1105,11 @@ unsafe fn release_family(v: *mut c_void, family: Family) {
         match family {
             Family::Kernel => vendor::release(v, |d| d.clReleaseKernel),
             Family::Event => vendor::release(v, |d| d.clReleaseEvent),
-            Family::Mem => vendor::release(v, |d| d.clReleaseMemObject),
+            Family::Mem => crate::quirks::release_mem(v),
             Family::Sampler => vendor::release(v, |d| d.clReleaseSampler),
             Family::Program => vendor::release(v, |d| d.clReleaseProgram),
             Family::Queue => vendor::release(v, |d| d.clReleaseCommandQueue),
-            Family::Context => vendor::release(v, |d| d.clReleaseContext),
+            Family::Context => crate::quirks::release_context(v),
             Family::Device => vendor::release(v, |d| d.clReleaseDevice),
         }
     }

@@ -145,7 +145,7 @@ pub fn discard() {
     let left: Vec<Made> = std::mem::take(&mut *made());
     for m in left {
         // SAFETY: a context made in `prepare`, crane's one reference.
-        unsafe { vendor::release(m.context as *mut c_void, |d| d.clReleaseContext) };
+        unsafe { crate::quirks::release_context(m.context as *mut c_void) };
     }
 }
 

@@ -16,6 +16,14 @@ macro_rules! cl_object {
         cl_object!($t, $kind, $release, |_s: &$t, _v: *mut c_void| ());
     };
     ($t:ident, $kind:ident, $release:ident, $before:expr) => {
+        cl_object!(
+            $t,
+            $kind,
+            release = |v| vendor::release(v, |d| d.$release),
+            $before
+        );
+    };
+    ($t:ident, $kind:ident, release = $rel:expr, $before:expr) => {
         impl ClObject for $t {
             const KIND: Kind = Kind::$kind;
             #[inline(always)]
@@ -30,7 +38,7 @@ macro_rules! cl_object {
                     ($before)(self, v);
                     // SAFETY: `v` is a live vendor object of this kind that crane
                     // holds one reference to; this gives it back.
-                    unsafe { vendor::release(v, |d| d.$release) };
+                    unsafe { ($rel)(v) };
                 }
                 handle::on_drop::<$t>(&self.base);
             }
@@ -138,7 +146,7 @@ pub struct Context {
 cl_object!(
     Context,
     Context,
-    clReleaseContext,
+    release = |v| crate::quirks::release_context(v),
     crate::api::context::before_release
 );
 
@@ -275,7 +283,7 @@ pub struct Mem {
 cl_object!(
     Mem,
     Mem,
-    clReleaseMemObject,
+    release = |v| crate::quirks::release_mem(v),
     crate::api::memory::before_release
 );
 

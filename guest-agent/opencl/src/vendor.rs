@@ -1051,6 +1051,9 @@ impl Detached {
     /// Closes the vendor libraries (a remote session: frees crane's remote
     /// platform and device objects and ends the session).
     pub fn close(self, policy: &DevicePolicy) -> Vec<Result<UnloadReport, String>> {
+        // Their objects are given back by now; their dispatch tables' addresses
+        // mean nothing once the libraries are closed.
+        crate::quirks::forget();
         let remote = self
             .loaded
             .iter()
