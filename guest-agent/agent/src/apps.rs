@@ -18,8 +18,17 @@ pub struct AppReport {
     pub error: Option<String>,
 }
 
+/// Whether `pid` runs: a zombie (killed, not yet reaped by its parent) does
+/// not, whatever /proc still shows of it.
 fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which may itself hold ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| !matches!(state, 'Z' | 'X' | 'x')),
+        Err(_) => false,
+    }
 }
 
 /// The outcome a successful request leaves the process in.
@@ -149,6 +158,10 @@ pub(crate) mod fake {
         /// Goes away but will not come back: refuses resume and local (its
         /// rebuild failing on the new device, say) and stays where it is.
         StaysAway,
+        /// Killed (SIGKILL to its pid) on its way back: at resume or local,
+        /// away from passthrough, the process dies and the request is never
+        /// answered (its socket closes with it).
+        DiesComingBack,
     }
 
     pub struct FakeApp {
@@ -226,6 +239,23 @@ pub(crate) mod fake {
                         if *mode != Mode::Passthrough =>
                     {
                         Response::error("recreating the objects failed; it stays where it is")
+                    }
+                    (Request::Resume { .. } | Request::Local { .. }, Behaviour::DiesComingBack)
+                        if *mode != Mode::Passthrough =>
+                    {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                        // Dead (a zombie: its parent reaps it later) before
+                        // the socket closes, as when the kernel ends it.
+                        let t = std::time::Instant::now();
+                        while super::alive(pid) && t.elapsed() < Duration::from_secs(5) {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                        drop(mode);
+                        drop(s);
+                        continue;
                     }
                     (Request::Suspend { .. }, _) if *mode == Mode::Passthrough => {
                         *mode = Mode::Suspended;

@@ -661,6 +661,41 @@ mod tests {
         assert_eq!(r.mode(a), Mode::Passthrough);
     }
 
+    /// At prepare-resume, a process killed on its way back from crane-proxy
+    /// (its request never answered, its socket closed, the process a zombie
+    /// its parent has not reaped yet) is gone: the resume completes for the
+    /// others and the guest is not left degraded.
+    #[test]
+    fn a_process_killed_on_its_way_back_is_gone_and_the_resume_completes() {
+        let mut r = rig("resume-dies");
+        let a = r.app(Behaviour::Obedient);
+        let mut victim = Command::new("sleep").arg("120").spawn().unwrap();
+        let killed = victim.id();
+        r.apps
+            .push(spawn(&r.run, killed, Behaviour::DiesComingBack));
+        let mut d = r.daemon(r.modules.clone(), true);
+        let ch = r.ch();
+        assert_eq!(
+            ask(&ch, &mut d, remote()).1.outcome,
+            Outcome::ReadyForDetach
+        );
+        let (req, resp) = ask(&ch, &mut d, Op::RESUME);
+        assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
+        let apps = ch.app_results(req.seq).unwrap();
+        let of = |pid| apps.iter().find(|x| x.pid == pid).unwrap().outcome;
+        assert_eq!(
+            (of(a), of(killed)),
+            (AppOutcome::Passthrough, AppOutcome::Gone)
+        );
+        assert_eq!(r.mode(a), Mode::Passthrough);
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+        // Reaped only now: the agent saw a zombie.
+        assert!(victim.try_wait().unwrap().is_some());
+    }
+
     /// At prepare-resume, a process that will not come back (its rebuild
     /// fails) stays on crane-proxy and fails the resume: the guest is
     /// degraded (dom0 tries the resume again later), the others are back in

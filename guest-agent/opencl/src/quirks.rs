@@ -57,11 +57,7 @@ pub fn leaks_image1d_buffer_context(version: &str) -> bool {
 ///
 /// # Safety
 /// `f` must be the info function for `v`'s kind, `T` the parameter's type.
-unsafe fn info<T: Copy + Default>(
-    f: InfoFn,
-    v: *mut c_void,
-    param: cl_uint,
-) -> Option<T> {
+unsafe fn info<T: Copy + Default>(f: InfoFn, v: *mut c_void, param: cl_uint) -> Option<T> {
     let mut out = T::default();
     // SAFETY: the caller's contract; `out` holds size_of::<T>() bytes.
     let rc = unsafe {
@@ -189,7 +185,9 @@ mod tests {
         assert!(leaks_image1d_buffer_context(
             "OpenCL 3.0 PoCL 3.1+debian  Linux, None+Asserts, RELOC, SPIR, LLVM 15.0.6, SLEEF, DISTRO, POCL_DEBUG"
         ));
-        assert!(leaks_image1d_buffer_context("OpenCL 3.0 PoCL 5.0+debian  Linux"));
+        assert!(leaks_image1d_buffer_context(
+            "OpenCL 3.0 PoCL 5.0+debian  Linux"
+        ));
         assert!(leaks_image1d_buffer_context("OpenCL 3.0 PoCL 6.0  Linux"));
         assert!(!leaks_image1d_buffer_context("OpenCL 3.0 PoCL 7.0  Linux"));
         assert!(!leaks_image1d_buffer_context("OpenCL 3.0 PoCL 7.1-pre"));
