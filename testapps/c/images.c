@@ -9,7 +9,9 @@
  * with the deprecated clCreateImage2D as old apps do; a 1D image made from a
  * buffer (CL_MEM_OBJECT_IMAGE1D_BUFFER) is written through the image and read
  * back whole (PoCL before 7.0 leaks a context reference per such image, which
- * crane must give back for a suspend to unload PoCL completely).  Nearest filtering and
+ * crane must give back for a suspend to unload PoCL completely); an image
+ * the host may not access (CL_MEM_HOST_NO_ACCESS) is written and read only
+ * by the device (crane reads it at a suspend through a copy on the device).  Nearest filtering and
  * exact texel-centre coordinates keep the results bit-identical.
  */
 #define CL_USE_DEPRECATED_OPENCL_1_1_APIS
@@ -148,6 +150,17 @@ int main(int argc, char **argv)
     CKE(err, "clCreateImage (1D image buffer)");
     unsigned char *line1d = xmalloc(W * 4);
 
+    /* An image the host may not access (CL_MEM_HOST_NO_ACCESS): only the
+     * device writes it (copies from the uint images) and reads it (copied
+     * out to a buffer). */
+    cl_mem hidden = make_image(ctx, CL_MEM_READ_WRITE | CL_MEM_HOST_NO_ACCESS, CL_UNSIGNED_INT8, NULL);
+    cl_mem hidden_out = make_buffer(ctx, CL_MEM_READ_WRITE, W * H * 4, NULL);
+    {
+        cl_uint4 black = {{0, 0, 0, 0}};
+        size_t ho0[3] = {0, 0, 0}, hfull[3] = {W, H, 1};
+        CK(clEnqueueFillImage(q, hidden, &black, ho0, hfull, 0, NULL, NULL));
+    }
+
     unsigned char patch[16 * 16 * 4];
     unsigned char probe_u[32 * 8 * 4];
     float probe_f[16 * 4 * 4];
@@ -216,6 +229,12 @@ int main(int argc, char **argv)
         size_t frr[3] = {16, 4, 1};
         CK(clEnqueueReadImage(q, imgf, CL_FALSE, fro, frr, 16 * 4 * sizeof(float), 0, probe_f, 0, NULL, NULL));
 
+        /* 16x16 pixels into the image the host may not access */
+        size_t hso[3] = {((size_t)it * 3u) % (W - 16), ((size_t)it * 7u) % (H - 16), 0};
+        size_t hdo[3] = {((size_t)it * 11u) % (W - 16), ((size_t)it * 5u) % (H - 16), 0};
+        size_t hreg[3] = {16, 16, 1};
+        CK(clEnqueueCopyImage(q, imgu[cur], hidden, hso, hdo, hreg, 0, NULL, NULL));
+
         /* 16 pixels of the 1D image buffer, through the image */
         size_t lo[3] = {((size_t)it * 5u) % (W - 16), 0, 0}, lr[3] = {16, 1, 1};
         CK(clEnqueueWriteImage(q, img1d, CL_FALSE, lo, lr, 0, 0, patch, 0, NULL, NULL));
@@ -234,6 +253,9 @@ int main(int argc, char **argv)
             size_t lfull[3] = {W, 1, 1};
             CK(clEnqueueReadImage(q, img1d, CL_TRUE, origin0, lfull, 0, 0, line1d, 0, NULL, NULL));
             hash_bytes(line1d, W * 4);
+            CK(clEnqueueCopyImageToBuffer(q, hidden, hidden_out, origin0, full, 0, 0, NULL, NULL));
+            CK(clEnqueueReadBuffer(q, hidden_out, CL_TRUE, 0, W * H * 4, full_u, 0, NULL, NULL));
+            hash_bytes(full_u, W * H * 4);
         }
         if (it % 500 == 499)
             printf("images: iteration %d\n", it + 1);
@@ -246,6 +268,8 @@ int main(int argc, char **argv)
     CK(clReleaseMemObject(buf));
     CK(clReleaseMemObject(img1d));
     CK(clReleaseMemObject(buf1d));
+    CK(clReleaseMemObject(hidden));
+    CK(clReleaseMemObject(hidden_out));
     free(line1d);
     CK(clReleaseSampler(s_u));
     CK(clReleaseSampler(s_f));

@@ -705,28 +705,8 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
                 } else {
                     HostBytes::zeroed(len)
                 };
-                let origin = [0usize; 3];
                 with_queue(&m.context, &queues, |q| {
-                    // Pitches 0: tightly packed, as `data` is. "slice_pitch ...
-                    // must be 0 if image is a 1D or 2D image": NVIDIA refuses a
-                    // 2D image's read with any other (CL_INVALID_VALUE), PoCL
-                    // did not.
-                    // SAFETY: `data` holds the whole image tightly packed.
-                    check(unsafe {
-                        vfn!(q, clEnqueueReadImage)?(
-                            q,
-                            v.cast(),
-                            CL_TRUE,
-                            origin.as_ptr(),
-                            region.as_ptr(),
-                            0,
-                            0,
-                            data.as_mut_ptr().cast(),
-                            0,
-                            std::ptr::null(),
-                            std::ptr::null_mut(),
-                        )
-                    })
+                    read_image(&m.context, q, v, m.flags, region, data.as_mut_ptr())
                 })?;
                 data
             }
@@ -903,6 +883,100 @@ fn read_buffer(
         )
     })
     .and_then(|()| read(scratch.cast()));
+    // SAFETY: the scratch buffer made above.
+    unsafe { vendor::release(scratch.cast(), |d| d.clReleaseMemObject) };
+    r
+}
+
+/// Reads a whole image, tightly packed. Images the host may not read
+/// (CL_MEM_HOST_WRITE_ONLY / CL_MEM_HOST_NO_ACCESS: clEnqueueReadImage
+/// answers CL_INVALID_OPERATION) are copied into a scratch buffer on the
+/// device first (clEnqueueCopyImageToBuffer packs them the same way).
+fn read_image(
+    ctx: &Context,
+    q: cl_command_queue,
+    v: *mut c_void,
+    flags: cl_mem_flags,
+    region: [usize; 3],
+    dst: *mut u8,
+) -> ClResult<()> {
+    let origin = [0usize; 3];
+    if flags & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) == 0 {
+        // Pitches 0: tightly packed, as `dst` is. "slice_pitch ... must be 0
+        // if image is a 1D or 2D image": NVIDIA refuses a 2D image's read
+        // with any other (CL_INVALID_VALUE), PoCL did not.
+        // SAFETY: `dst` holds the whole image tightly packed.
+        return check(unsafe {
+            vfn!(q, clEnqueueReadImage)?(
+                q,
+                v.cast(),
+                CL_TRUE,
+                origin.as_ptr(),
+                region.as_ptr(),
+                0,
+                0,
+                dst.cast(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        });
+    }
+    let mut size = 0usize;
+    // SAFETY: one size_t; the image's size in bytes as the vendor keeps it.
+    check(unsafe {
+        vfn!(v, clGetImageInfo)?(
+            v.cast(),
+            CL_IMAGE_ELEMENT_SIZE,
+            std::mem::size_of::<usize>(),
+            (&mut size as *mut usize).cast(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    let size = size * region.iter().product::<usize>();
+    let vc = ctx.base.vendor();
+    let mut err = CL_SUCCESS;
+    // SAFETY: a scratch buffer on the vendor context.
+    let scratch = unsafe {
+        vfn!(vc, clCreateBuffer)?(
+            vc.cast(),
+            CL_MEM_READ_WRITE,
+            size,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    check(err)?;
+    // SAFETY: the whole image into a buffer of its packed size.
+    let r = check(unsafe {
+        vfn!(q, clEnqueueCopyImageToBuffer)?(
+            q,
+            v.cast(),
+            scratch,
+            origin.as_ptr(),
+            region.as_ptr(),
+            0,
+            0,
+            std::ptr::null(),
+            std::ptr::null_mut(),
+        )
+    })
+    .and_then(|()| {
+        // SAFETY: `dst` holds `size` bytes.
+        check(unsafe {
+            vfn!(q, clEnqueueReadBuffer)?(
+                q,
+                scratch,
+                CL_TRUE,
+                0,
+                size,
+                dst.cast(),
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        })
+    });
     // SAFETY: the scratch buffer made above.
     unsafe { vendor::release(scratch.cast(), |d| d.clReleaseMemObject) };
     r
