@@ -1600,15 +1600,34 @@ impl From<std::io::Error> for Replay {
     }
 }
 
-/// Once no proxy has taken the session back for `CRANE_REMOTE_LOCAL_AFTER_S`
-/// (and nobody named another one): points the recovery at a crane-proxy
-/// inside this process on the local vendor, if one offers a platform
-/// (`fallback`); tried again every as many seconds while it does not.
+/// Once no proxy has taken the session back for `CRANE_REMOTE_LOCAL_AFTER_S`:
+/// points the recovery at a crane-proxy inside this process on the local
+/// vendor, if one offers a platform (`fallback`); tried again every as many
+/// seconds while it does not. A proxy dom0 or an operator named since (a
+/// redirect) is waited for until `CRANE_REMOTE_LOCAL_AFTER_S` before the
+/// wait (`CRANE_REMOTE_RECOVER_S`) would end: craned names a proxy domain
+/// it is creating again every 20 s until it answers, and each time the wait
+/// starts again; when that stops (craned busy or gone, the proxy not
+/// answering) the process goes to the local vendor rather than failing. (In
+/// the end-to-end tier a proxy domain destroyed during a migration answered
+/// after more than a minute, and the program, whose guest had its GPU again,
+/// failed.)
 fn local_fallback(s: &Session, start: Instant) {
-    let after = crate::config::get().remote_local_after_s;
-    if after == 0 || start.elapsed() < Duration::from_secs(after) || lock(&s.redirect).is_some() {
+    let cfg = crate::config::get();
+    let after = Duration::from_secs(cfg.remote_local_after_s);
+    let wait = Duration::from_secs(cfg.remote_recover_s);
+    let grace = after.max(wait.saturating_sub(after));
+    let named_lately = lock(&s.redirected_at).is_some_and(|t| t.elapsed() < grace);
+    if after.is_zero() || start.elapsed() < after || named_lately {
         return;
     }
+    if lock(&s.redirect)
+        .as_ref()
+        .is_some_and(|(a, _)| super::fallback::is_local(a))
+    {
+        return;
+    }
+    let after = after.as_secs();
     let mut last = lock(&s.local_tried);
     if last.is_some_and(|t| t.elapsed() < Duration::from_secs(after)) {
         return;
