@@ -641,6 +641,17 @@ fn run_once(
     ))
 }
 
+/// How long a crane mode's run of a suite may take before it counts as
+/// hung, from the native run's wall time: four times as long and a minute,
+/// at least two; on crane-proxy twelve times: every call is a round trip
+/// there, and the image suites' many small blocking transfers on PoCL ran
+/// about ten times native (test_cl_copy_images 3Dto2Darray: 54 s against
+/// 4.8 s, 2026-11-27), which the four-fold limit called a hang.
+fn mode_limit(native_wall_s: f64, mode: Mode) -> Duration {
+    let times = if mode == Mode::Remote { 12 } else { 4 };
+    Duration::from_secs((native_wall_s as u64 * times + 60).max(120))
+}
+
 /// Runs `subtests` of `suite` in `mode` to the end: after a crash or hang the
 /// rest runs on in a new process, so that every sub-test gets an outcome.
 #[allow(clippy::too_many_arguments)]
@@ -969,7 +980,6 @@ pub fn main(
                 )
             }
         );
-        let limit = Duration::from_secs((native.wall_s as u64 * 4 + 60).max(120));
         let mut result = SuiteResult {
             suite: suite.clone(),
             args: suite_args(suite),
@@ -994,7 +1004,7 @@ pub fn main(
                 &kept,
                 mode,
                 &setup,
-                limit,
+                mode_limit(native.wall_s, mode),
                 &sdir,
                 &keep_logs,
                 Some(&native.outcomes),
@@ -1192,6 +1202,14 @@ mod tests {
         let (started, out) = parse_log("x...\nx passed\nab passed\n", &subs);
         assert!(started.is_empty());
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn crane_proxy_gets_more_time_than_the_other_modes() {
+        assert_eq!(mode_limit(10.0, Mode::Cycles), Duration::from_secs(120));
+        assert_eq!(mode_limit(30.0, Mode::Switches), Duration::from_secs(180));
+        assert_eq!(mode_limit(30.0, Mode::Remote), Duration::from_secs(420));
+        assert_eq!(mode_limit(1.0, Mode::Remote), Duration::from_secs(120));
     }
 
     #[test]
