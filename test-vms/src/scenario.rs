@@ -786,11 +786,18 @@ pub fn proxy_death_during_migration(
     );
     let (modes_seen, total) = modes_since(s, 0, pid, *samples)?;
     *samples = total;
-    let receives = s.dom0(0, "/usr/sbin/crane status")?;
+    let status = s.dom0(0, "/usr/sbin/crane status")?;
     let _ = writeln!(log, "{}", resumed.trim());
-    for l in receives.lines().filter(|l| l.contains("receive")) {
+    let receives: Vec<&str> = status.lines().filter(|l| l.contains("receive")).collect();
+    for l in &receives {
         let _ = writeln!(log, "{l}");
     }
+    // The way back as craned reports it (the receiving wrapper has ended by
+    // then, its output gone with it).
+    let post_stop_ms = receives
+        .iter()
+        .rev()
+        .find_map(|l| number_after(l, "longest stop "));
     let m = Migration {
         how,
         domid_before,
@@ -799,7 +806,7 @@ pub fn proxy_death_during_migration(
         uptime_after,
         seconds,
         pre_stop_ms: number_after(&log, "pre-migration stoppage "),
-        post_stop_ms: None,
+        post_stop_ms,
         log,
         modes_seen,
     };
