@@ -706,7 +706,7 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
                     HostBytes::zeroed(len)
                 };
                 with_queue(&m.context, &queues, |q| {
-                    read_image(&m.context, q, v, m.flags, region, data.as_mut_ptr())
+                    read_image(&m.context, q, v, m.flags, region, len, data.as_mut_ptr())
                 })?;
                 data
             }
@@ -825,6 +825,32 @@ fn copy_image_to_host_ptr(m: &Mem, desc: &cl_image_desc, px: usize, data: &[u8])
     }
 }
 
+/// Runs `f` on a scratch buffer of `size` bytes made on `ctx`'s vendor
+/// context, released after.
+fn with_scratch(
+    ctx: &Context,
+    size: usize,
+    f: impl FnOnce(cl_mem) -> ClResult<()>,
+) -> ClResult<()> {
+    let vc = ctx.base.vendor();
+    let mut err = CL_SUCCESS;
+    // SAFETY: a scratch buffer on the vendor context.
+    let scratch = unsafe {
+        vfn!(vc, clCreateBuffer)?(
+            vc.cast(),
+            CL_MEM_READ_WRITE,
+            size,
+            std::ptr::null_mut(),
+            &mut err,
+        )
+    };
+    check(err)?;
+    let r = f(scratch);
+    // SAFETY: the scratch buffer made above.
+    unsafe { vendor::release(scratch.cast(), |d| d.clReleaseMemObject) };
+    r
+}
+
 /// Reads a whole buffer. Buffers the host may not read
 /// (CL_MEM_HOST_WRITE_ONLY / CL_MEM_HOST_NO_ACCESS) go through a scratch buffer
 /// on the device.
@@ -855,49 +881,37 @@ fn read_buffer(
     if flags & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) == 0 {
         return read(v);
     }
-    let vc = ctx.base.vendor();
-    let mut err = CL_SUCCESS;
-    // SAFETY: a scratch buffer on the vendor context.
-    let scratch = unsafe {
-        vfn!(vc, clCreateBuffer)?(
-            vc.cast(),
-            CL_MEM_READ_WRITE,
-            size,
-            std::ptr::null_mut(),
-            &mut err,
-        )
-    };
-    check(err)?;
-    // SAFETY: copying between two vendor buffers of `size` bytes.
-    let r = check(unsafe {
-        vfn!(q, clEnqueueCopyBuffer)?(
-            q,
-            v.cast(),
-            scratch,
-            0,
-            0,
-            size,
-            0,
-            std::ptr::null(),
-            std::ptr::null_mut(),
-        )
+    with_scratch(ctx, size, |scratch| {
+        // SAFETY: copying between two vendor buffers of `size` bytes.
+        check(unsafe {
+            vfn!(q, clEnqueueCopyBuffer)?(
+                q,
+                v.cast(),
+                scratch,
+                0,
+                0,
+                size,
+                0,
+                std::ptr::null(),
+                std::ptr::null_mut(),
+            )
+        })
+        .and_then(|()| read(scratch.cast()))
     })
-    .and_then(|()| read(scratch.cast()));
-    // SAFETY: the scratch buffer made above.
-    unsafe { vendor::release(scratch.cast(), |d| d.clReleaseMemObject) };
-    r
 }
 
-/// Reads a whole image, tightly packed. Images the host may not read
-/// (CL_MEM_HOST_WRITE_ONLY / CL_MEM_HOST_NO_ACCESS: clEnqueueReadImage
-/// answers CL_INVALID_OPERATION) are copied into a scratch buffer on the
-/// device first (clEnqueueCopyImageToBuffer packs them the same way).
+/// Reads a whole image of `len` bytes, tightly packed. Images the host may
+/// not read (CL_MEM_HOST_WRITE_ONLY / CL_MEM_HOST_NO_ACCESS:
+/// clEnqueueReadImage answers CL_INVALID_OPERATION) are copied into a
+/// scratch buffer on the device first (clEnqueueCopyImageToBuffer packs them
+/// the same way).
 fn read_image(
     ctx: &Context,
     q: cl_command_queue,
     v: *mut c_void,
     flags: cl_mem_flags,
     region: [usize; 3],
+    len: usize,
     dst: *mut u8,
 ) -> ClResult<()> {
     let origin = [0usize; 3];
@@ -922,64 +936,23 @@ fn read_image(
             )
         });
     }
-    let mut size = 0usize;
-    // SAFETY: one size_t; the image's size in bytes as the vendor keeps it.
-    check(unsafe {
-        vfn!(v, clGetImageInfo)?(
-            v.cast(),
-            CL_IMAGE_ELEMENT_SIZE,
-            std::mem::size_of::<usize>(),
-            (&mut size as *mut usize).cast(),
-            std::ptr::null_mut(),
-        )
-    })?;
-    let size = size * region.iter().product::<usize>();
-    let vc = ctx.base.vendor();
-    let mut err = CL_SUCCESS;
-    // SAFETY: a scratch buffer on the vendor context.
-    let scratch = unsafe {
-        vfn!(vc, clCreateBuffer)?(
-            vc.cast(),
-            CL_MEM_READ_WRITE,
-            size,
-            std::ptr::null_mut(),
-            &mut err,
-        )
-    };
-    check(err)?;
-    // SAFETY: the whole image into a buffer of its packed size.
-    let r = check(unsafe {
-        vfn!(q, clEnqueueCopyImageToBuffer)?(
-            q,
-            v.cast(),
-            scratch,
-            origin.as_ptr(),
-            region.as_ptr(),
-            0,
-            0,
-            std::ptr::null(),
-            std::ptr::null_mut(),
-        )
-    })
-    .and_then(|()| {
-        // SAFETY: `dst` holds `size` bytes.
+    with_scratch(ctx, len, |scratch| {
+        // SAFETY: the whole image into a buffer of its packed size.
         check(unsafe {
-            vfn!(q, clEnqueueReadBuffer)?(
+            vfn!(q, clEnqueueCopyImageToBuffer)?(
                 q,
+                v.cast(),
                 scratch,
-                CL_TRUE,
+                origin.as_ptr(),
+                region.as_ptr(),
                 0,
-                size,
-                dst.cast(),
                 0,
                 std::ptr::null(),
                 std::ptr::null_mut(),
             )
         })
-    });
-    // SAFETY: the scratch buffer made above.
-    unsafe { vendor::release(scratch.cast(), |d| d.clReleaseMemObject) };
-    r
+        .and_then(|()| read_buffer(ctx, q, scratch.cast(), 0, len, dst))
+    })
 }
 
 fn save_events() {
@@ -1229,16 +1202,10 @@ fn unload_compilers() {
 /// every suspend 100 ms); its workers otherwise stay (PoCL stays mapped
 /// anyway and holds no device).
 fn unloads_compiler(version: &str, used: bool) -> bool {
-    let Some(rest) = version.split("PoCL ").nth(1) else {
-        return true;
-    };
-    let major: u32 = rest
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap_or(u32::MAX);
-    used && major < 4
+    match crate::quirks::pocl_major(version) {
+        None => true,
+        Some(major) => used && major < 4,
+    }
 }
 
 fn unload_compilers_of(platforms: &[*mut c_void]) {
