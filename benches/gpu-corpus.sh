@@ -18,8 +18,8 @@
 # (programs made from binaries cannot move to another device).
 #
 # DIR holds libcrane_opencl.so, cranectl and testapps/ (testapps/build.sh
-# DIR/testapps). The vendor is the ICD loader's: set OCL_ICD_FILENAMES (e.g.
-# libnvidia-opencl.so.1) to pick one. Prints one line per program and
+# DIR/testapps). The vendor is the ICD loader's: point OCL_ICD_VENDORS at one .icd
+# file (e.g. one naming libnvidia-opencl.so.1) to pick one. Prints one line per program and
 # "N passed, N failed" last; exits non-zero if any program failed.
 set -uo pipefail
 . "$(dirname "$0")/corpus.sh"

@@ -9,8 +9,8 @@
 #
 # DIR holds libcrane_opencl.so, crane-proxy and remoting (gcc -O2
 # benches/remoting.c -lOpenCL), built on a machine with the same or an older
-# glibc. The vendor is the ICD loader's: set OCL_ICD_FILENAMES (e.g.
-# libnvidia-opencl.so.1) to pick one. SECS is each section's length (default 1).
+# glibc. The vendor is the ICD loader's: point OCL_ICD_VENDORS at one .icd
+# file (e.g. one naming libnvidia-opencl.so.1) to pick one. SECS is each section's length (default 1).
 set -euo pipefail
 dir=$(cd "${1:?usage: remote-rounds.sh DIR [ROUNDS] [SECS]}" && pwd)
 rounds=${2:-6}

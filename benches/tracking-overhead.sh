@@ -12,7 +12,7 @@
 #
 # DIR holds libcrane_opencl.so, remoting (gcc -O2 benches/remoting.c -lOpenCL)
 # and testapps/ (testapps/build.sh DIR/testapps). The vendor is the ICD
-# loader's: set OCL_ICD_FILENAMES (e.g. libnvidia-opencl.so.1) to pick one.
+# loader's: point OCL_ICD_VENDORS at one .icd file to pick one.
 set -euo pipefail
 . "$(dirname "$0")/corpus.sh"
 dir=$(cd "${1:?usage: tracking-overhead.sh DIR [ROUNDS] [PROGRAM...]}" && pwd)

@@ -3,6 +3,7 @@
 //! unloading them.
 
 use std::ffi::{CStr, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -266,21 +267,121 @@ fn beside_loader(
         .collect()
 }
 
+/// How the process's own ICD loader finds vendors, as far as crane, standing
+/// in front of it, must find the same ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LoaderKind {
+    /// `OCL_ICD_FILENAMES` first, then the ICD directory (`OCL_ICD_VENDORS`
+    /// or /etc/OpenCL/vendors): the Khronos loader (CUDA's libOpenCL.so.1, for
+    /// one). Also what crane does where the process has no loader of its own.
+    FilenamesThenDirectory,
+    /// The ICD directory only: ocl-icd (Debian's and Ubuntu's
+    /// libOpenCL.so.1), for which `OCL_ICD_FILENAMES` means nothing.
+    DirectoryOnly,
+}
+
+/// The file of the ICD loader in this process other than crane: the next
+/// `clGetPlatformIDs` after crane's (crane preloaded in front of the
+/// application's loader), the global one (crane loaded as an ICD behind
+/// it), or a loaded `libOpenCL.so.1`.
+fn loader_file() -> Option<PathBuf> {
+    let ours = crate::api::platform::clGetPlatformIDs as *mut c_void;
+    let name = c"clGetPlatformIDs";
+    let mut found = [libc::RTLD_NEXT, libc::RTLD_DEFAULT]
+        .into_iter()
+        // SAFETY: dlsym with pseudo-handles and a C string; RTLD_NEXT looks
+        // in the objects after crane's.
+        .map(|h| unsafe { libc::dlsym(h, name.as_ptr()) })
+        .find(|&p| !p.is_null() && p != ours);
+    if found.is_none() {
+        // SAFETY: RTLD_NOLOAD only looks up an object already loaded.
+        let h = unsafe {
+            libc::dlopen(
+                c"libOpenCL.so.1".as_ptr(),
+                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+            )
+        };
+        if !h.is_null() {
+            // SAFETY: `h` is a live handle.
+            let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+            // SAFETY: drops the reference RTLD_NOLOAD took.
+            unsafe { libc::dlclose(h) };
+            found = (!p.is_null() && p != ours).then_some(p);
+        }
+    }
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr fills `info` for an address inside a loaded object.
+    if unsafe { libc::dladdr(found?, info.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded, so dli_fname is a valid C string (or null).
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: checked non-null above.
+    let p = unsafe { CStr::from_ptr(info.dli_fname) };
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(p.to_bytes())))
+}
+
+/// Which kind of loader `file` is: one that reads `OCL_ICD_FILENAMES` names
+/// the variable in its code (the Khronos loader); ocl-icd does not. Without a
+/// loader (crane is the process's libOpenCL), the Khronos loader's rules.
+fn loader_kind(file: Option<&Path>) -> LoaderKind {
+    let Some(bytes) = file.and_then(|f| std::fs::read(f).ok()) else {
+        return LoaderKind::FilenamesThenDirectory;
+    };
+    let needle = b"OCL_ICD_FILENAMES\0";
+    if bytes.windows(needle.len()).any(|w| w == needle) {
+        LoaderKind::FilenamesThenDirectory
+    } else {
+        LoaderKind::DirectoryOnly
+    }
+}
+
+/// The vendors the process's loader of `kind` would load, for crane standing
+/// in front of it: `OCL_ICD_FILENAMES` first where that loader reads it, then
+/// the ICD directory (`OCL_ICD_VENDORS`, else `system`), then crane's own
+/// `crane_dir`. Names of one file twice (a soname and the file an `.icd`
+/// names) are told apart at load, as the dynamic linker does.
+fn in_front_of_loader(
+    kind: LoaderKind,
+    filenames: Option<String>,
+    vendors: Option<std::ffi::OsString>,
+    system: &Path,
+    crane_dir: &Path,
+) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    if kind == LoaderKind::FilenamesThenDirectory
+        && let Some(f) = filenames
+    {
+        found.extend(f.split(':').filter(|s| !s.is_empty()).map(str::to_string));
+    }
+    found.extend(match vendors {
+        Some(v) => ocl_icd_vendors(&v),
+        None => icd_dir(system),
+    });
+    found.extend(icd_dir(crane_dir));
+    found
+}
+
 /// The vendor libraries to wrap, crane's own entry skipped:
 /// * `CRANE_VENDOR`, if set;
 /// * in ICD mode (`behind_icd_loader`), the ICD files in `CRANE_VENDORS_DIR`
-///   only: the loader itself loads those in its own directory and in
-///   `OCL_ICD_FILENAMES`, and wrapping them as well would show each vendor
-///   twice (see `cranectl install-icd`); if that directory does not exist,
-///   the system directory's vendors the loader does not load (`beside_loader`);
-/// * otherwise crane is the process's OpenCL library and finds vendors as the
-///   ocl-icd loader would: `OCL_ICD_FILENAMES`, else `OCL_ICD_VENDORS` (or the
-///   ICD files in /etc/OpenCL/vendors), then `CRANE_VENDORS_DIR`.
+///   only: the loader itself loads those in its own directory and, if it
+///   reads it, `OCL_ICD_FILENAMES`, and wrapping them as well would show
+///   each vendor twice (see `cranectl install-icd`); if that directory does
+///   not exist, the system directory's vendors the loader does not load
+///   (`beside_loader`);
+/// * otherwise crane stands in front of the process's loader (or is its
+///   OpenCL library) and finds the vendors that loader would
+///   (`in_front_of_loader`).
 pub fn discover() -> Vec<PathBuf> {
     let own = own_path();
     let keep = |s: &str| !s.is_empty() && !is_crane(s, own.as_deref());
     let cfg = config::get();
     let mut found: Vec<String> = Vec::new();
+    let vendors_env = || std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty());
     if let Some(v) = &cfg.vendor_override {
         found.extend(v.split(':').map(str::to_string));
     } else if behind_icd_loader() {
@@ -291,9 +392,13 @@ pub fn discover() -> Vec<PathBuf> {
             );
             found = icd_dir(&cfg.vendors_dir);
         } else {
+            let reads_filenames =
+                loader_kind(loader_file().as_deref()) == LoaderKind::FilenamesThenDirectory;
             found = beside_loader(
-                std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty()),
-                std::env::var("OCL_ICD_FILENAMES").ok(),
+                vendors_env(),
+                std::env::var("OCL_ICD_FILENAMES")
+                    .ok()
+                    .filter(|_| reads_filenames),
                 Path::new(SYSTEM_VENDORS),
             );
             debug!(
@@ -302,16 +407,16 @@ pub fn discover() -> Vec<PathBuf> {
             );
         }
     } else {
-        if let Ok(v) = std::env::var("OCL_ICD_FILENAMES") {
-            found.extend(v.split(':').filter(|s| keep(s)).map(str::to_string));
-        }
-        if found.is_empty() {
-            found = match std::env::var_os("OCL_ICD_VENDORS").filter(|v| !v.is_empty()) {
-                Some(v) => ocl_icd_vendors(&v),
-                None => icd_dir(Path::new(SYSTEM_VENDORS)),
-            };
-            found.extend(icd_dir(&cfg.vendors_dir));
-        }
+        let loader = loader_file();
+        let kind = loader_kind(loader.as_deref());
+        debug!("in front of {loader:?} ({kind:?})");
+        found = in_front_of_loader(
+            kind,
+            std::env::var("OCL_ICD_FILENAMES").ok(),
+            vendors_env(),
+            Path::new(SYSTEM_VENDORS),
+            &cfg.vendors_dir,
+        );
     }
     let mut out: Vec<PathBuf> = Vec::new();
     for lib in found {
@@ -1265,5 +1370,66 @@ mod tests {
         assert_eq!(p[1].1, "gpu-b");
         let err = plan(&devices, &two_gpus[..1], Some(&gpu)).unwrap_err();
         assert!(err.contains("the process uses 2"), "{err}");
+    }
+
+    #[test]
+    fn the_loader_kind_is_whether_it_reads_ocl_icd_filenames() {
+        let dir = std::env::temp_dir().join(format!("crane-loader-kind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let khronos = dir.join("khronos.so");
+        std::fs::write(&khronos, b"\x7fELF..OCL_ICD_VENDORS\0OCL_ICD_FILENAMES\0..").unwrap();
+        let ocl_icd = dir.join("ocl-icd.so");
+        std::fs::write(
+            &ocl_icd,
+            b"\x7fELF..OCL_ICD_VENDORS\0OCL_ICD_PLATFORM_SORT\0",
+        )
+        .unwrap();
+        assert_eq!(
+            loader_kind(Some(&khronos)),
+            LoaderKind::FilenamesThenDirectory
+        );
+        assert_eq!(loader_kind(Some(&ocl_icd)), LoaderKind::DirectoryOnly);
+        // No loader in the process: the Khronos loader's rules.
+        assert_eq!(loader_kind(None), LoaderKind::FilenamesThenDirectory);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn in_front_of_a_loader_crane_finds_what_that_loader_would() {
+        let dir = std::env::temp_dir().join(format!("crane-in-front-{}", std::process::id()));
+        let (system, other, crane) = (dir.join("system"), dir.join("other"), dir.join("crane"));
+        for (d, lib) in [
+            (&system, "libsys.so"),
+            (&other, "libother.so"),
+            (&crane, "libmoved.so"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("v.icd"), format!("{lib}\n")).unwrap();
+        }
+        let files = || Some("liba.so:libb.so".to_string());
+        use LoaderKind::*;
+        assert_eq!(
+            in_front_of_loader(FilenamesThenDirectory, files(), None, &system, &crane),
+            ["liba.so", "libb.so", "libsys.so", "libmoved.so"]
+        );
+        assert_eq!(
+            in_front_of_loader(DirectoryOnly, files(), None, &system, &crane),
+            ["libsys.so", "libmoved.so"]
+        );
+        assert_eq!(
+            in_front_of_loader(
+                FilenamesThenDirectory,
+                files(),
+                Some(other.clone().into()),
+                &system,
+                &crane
+            ),
+            ["liba.so", "libb.so", "libother.so", "libmoved.so"]
+        );
+        assert_eq!(
+            in_front_of_loader(DirectoryOnly, None, Some(other.into()), &system, &crane),
+            ["libother.so", "libmoved.so"]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

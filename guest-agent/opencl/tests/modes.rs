@@ -215,3 +215,35 @@ fn icd_without_vendors_dir_wraps_the_system_vendors() {
         "crane did not run inside clinfo"
     );
 }
+
+/// Preloaded in front of the application's loader, crane offers the
+/// platforms that loader would: `OCL_ICD_FILENAMES` only where the loader
+/// reads it (the Khronos loader adds those first; ocl-icd ignores them), and
+/// a vendor named twice (a soname there, its file in an `.icd`) once. On the
+/// accelerator machine (CUDA's Khronos loader) crane offered only the
+/// `OCL_ICD_FILENAMES` vendor where the application natively saw it and the
+/// system directory's.
+#[test]
+fn preloaded_crane_offers_the_platforms_the_loader_would() {
+    let scratch = scratch("preloaded-filenames");
+    for filenames in [
+        "libpocl.so.2",
+        "/nonexistent/libnothing.so",
+        "/nonexistent/libnothing.so:libpocl.so.2",
+    ] {
+        let mut native = Command::new("clinfo");
+        native.env("OCL_ICD_FILENAMES", filenames);
+        let native = platform_lines(native);
+        assert!(!native.is_empty(), "no OpenCL platform natively");
+        let mut under = Command::new("clinfo");
+        under
+            .env("OCL_ICD_FILENAMES", filenames)
+            .env("LD_PRELOAD", library())
+            .env("CRANE_RUN_DIR", scratch.path().join("run"));
+        assert_eq!(
+            platform_lines(under),
+            native,
+            "OCL_ICD_FILENAMES={filenames}"
+        );
+    }
+}

@@ -62,6 +62,8 @@ use objects::ObjectId;
 pub enum LoadError {
     #[error("The vendor library {0} is open already.")]
     AlreadyOpen(PathBuf),
+    #[error("{path} is the vendor library {open}, which is open already.")]
+    SameAs { path: PathBuf, open: PathBuf },
     #[error("The path {0} contains a NUL byte, so dlopen cannot be given it.")]
     PathContainsNul(PathBuf),
     #[error("dlopen could not load {path}: {message}.")]
@@ -137,6 +139,13 @@ impl VendorLibrary {
             }
             tracker.open_vendors.push(path.to_path_buf());
         }
+        if let Some(open) = open_as(path) {
+            forget_open(path);
+            return Err(LoadError::SameAs {
+                path: path.to_path_buf(),
+                open,
+            });
+        }
         let opened = Self::load(path);
         if opened.is_err() {
             forget_open(path);
@@ -176,6 +185,9 @@ impl VendorLibrary {
             let mut tracker = tracker::lock();
             tracker.forget_unloaded(&loaded);
             tracker.attribute(object.clone());
+            tracker
+                .vendor_objects
+                .push((path.to_path_buf(), object.clone()));
             for id in new {
                 tracker.attribute(id);
             }
@@ -259,7 +271,30 @@ impl VendorLibrary {
 }
 
 fn forget_open(path: &Path) {
-    tracker::lock().open_vendors.retain(|p| p != path);
+    let mut tracker = tracker::lock();
+    tracker.open_vendors.retain(|p| p != path);
+    tracker.vendor_objects.retain(|(p, _)| p != path);
+}
+
+/// The open vendor library that `path` names under another name, if any:
+/// asked of the dynamic linker (`RTLD_NOLOAD`), which tells files apart by
+/// device and inode, as it does when it loads them.
+fn open_as(path: &Path) -> Option<PathBuf> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: c_path is NUL-terminated; RTLD_NOLOAD loads nothing, it only
+    // returns (and counts a reference to) an object already loaded.
+    let handle = NonNull::new(unsafe {
+        libc::dlopen(c_path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD)
+    })?;
+    let object = tracker::handle_target(handle);
+    // SAFETY: drops the reference RTLD_NOLOAD took; the object stays loaded.
+    unsafe { libc::dlclose(handle.as_ptr()) };
+    let object = object?;
+    tracker::lock()
+        .vendor_objects
+        .iter()
+        .find(|(p, o)| *o == object && p != path)
+        .map(|(p, _)| p.clone())
 }
 
 impl Drop for VendorLibrary {

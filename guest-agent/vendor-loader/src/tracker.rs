@@ -58,6 +58,10 @@ pub(crate) struct Tracker {
     /// The paths of the vendor libraries open now, in the order they were
     /// opened (they are tracked, and closed, together).
     pub open_vendors: Vec<PathBuf>,
+    /// The object each open vendor library is, by its path: another name
+    /// for the same file (a soname and the file it links to) is the same
+    /// library, which the dynamic linker does not load twice.
+    pub vendor_objects: Vec<(PathBuf, ObjectId)>,
     /// The objects that came with or from the vendor (loaded with it or
     /// through its `dlopen`), in the order they appeared.
     pub objects: Vec<ObjectId>,
@@ -68,6 +72,7 @@ pub(crate) struct Tracker {
 
 static TRACKER: Mutex<Tracker> = Mutex::new(Tracker {
     open_vendors: Vec::new(),
+    vendor_objects: Vec::new(),
     objects: Vec::new(),
     handles: Vec::new(),
     threads: Vec::new(),

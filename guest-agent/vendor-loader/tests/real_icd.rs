@@ -14,7 +14,9 @@ use std::ptr::{null, null_mut};
 use std::time::Instant;
 
 use common::in_own_process;
-use crane_vendor_loader::{DevicePolicy, VendorLibrary, device_residue, vendor_threads_alive};
+use crane_vendor_loader::{
+    DevicePolicy, LoadError, VendorLibrary, device_residue, vendor_threads_alive,
+};
 use opencl_sys::cl_icd::_cl_icd_dispatch;
 use opencl_sys::{
     CL_CONTEXT_PLATFORM, CL_DEVICE_TYPE_ALL, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE, CL_SUCCESS,
@@ -371,4 +373,35 @@ fn without_uninit_pocl_workers_outlive_the_unload_and_are_reported() {
             "cycle {cycle}"
         );
     }
+}
+
+/// A second name for a vendor already open (its soname, where the first was
+/// the file's path) is refused as that vendor, not loaded as a second one:
+/// the dynamic linker would hand back the same object, and its platforms
+/// would show twice.
+#[test]
+fn another_name_for_an_open_vendor_is_that_vendor() {
+    if in_own_process("another_name_for_an_open_vendor_is_that_vendor", &[]) {
+        return;
+    }
+    let Some(path) = implementation() else {
+        return;
+    };
+    let Some(soname) = path.file_name().map(PathBuf::from) else {
+        return;
+    };
+    let Ok(real) = path.canonicalize() else {
+        return;
+    };
+    let library = VendorLibrary::open(&real).unwrap();
+    match VendorLibrary::open(&soname) {
+        Err(LoadError::SameAs { path, open }) => {
+            assert_eq!((path, open), (soname.clone(), real.clone()));
+        }
+        other => panic!("{}: {other:?}", soname.display()),
+    }
+    library.close(&DevicePolicy::default()).unwrap();
+    // Closed, the name loads again.
+    let again = VendorLibrary::open(&soname).unwrap();
+    again.close(&DevicePolicy::default()).unwrap();
 }
