@@ -211,39 +211,84 @@ fn running_hosts() -> Vec<EmulatedHost> {
         .collect()
 }
 
-const USAGE: &str = "\
-usage: cargo xtask testbed <command>
-  lock                 re-resolve images/packages.lock from Debian's archive
-  images               build the images into target/images/out
-  up [--hosts N] [--bare]
-                       build the images and boot N (1 or 2) emulated Xen hosts in the
-                       background (two hosts have their dom0 bridges linked); then, unless
-                       --bare, set up on host 0 what the demo uses (craned, the proxy
-                       domain, the GPU guest with its GPU and agent, pingpong under crane)
-                       and print the commands to try it by hand
-  run [--host I] [--timeout S] [--domain D] -- CMD...
-                       run CMD in dom0 of host I (or in its domU D); exit with its status
-  logs                 copy the domUs' console logs to target/testbed/hostI/consoles
-  status               say which hosts are running
-  down                 stop the emulated hosts
-  e2e                  run the end-to-end tier (two hosts; see docs/testbed.md)
-  soak [--hosts N] [--migrations M]
-                       pingpong under crane while the guest makes M moves in a row (50;
-                       same host and stop-and-copy, with two hosts also across), the
-                       file descriptors, threads and memory of crane-proxy, craned, the
-                       program and crane-agent and XenStore's size after each; the result
-                       must equal a native run's (hosts booted for it, stopped after)";
+/// `cargo xtask testbed`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: CliCommand,
+}
 
-/// Entry point for `cargo xtask testbed ARGS...`.
-pub fn cli(args: &[String]) -> anyhow::Result<()> {
+/// The commands of `cargo xtask testbed`.
+#[derive(Debug, PartialEq, Eq, clap::Subcommand)]
+pub enum CliCommand {
+    /// Re-resolve images/packages.lock from Debian's archive.
+    Lock,
+    /// Build the images into target/images/out and print their SHA-256.
+    Images,
+    /// Build the images and boot emulated Xen hosts in the background; unless
+    /// --bare, set up on host 0 what the demo uses (craned, the proxy domain, the
+    /// GPU guest with its GPU and agent, pingpong under crane) and print the
+    /// commands to try it by hand.
+    #[command(args_override_self = true)]
+    Up {
+        /// How many hosts to boot, 1 or 2 (two have their dom0 bridges linked).
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        hosts: usize,
+        /// Only boot the hosts: dom0, no domains.
+        #[arg(long)]
+        bare: bool,
+    },
+    /// Run CMD in dom0 of a host (or in one of its domUs); exit with its status.
+    #[command(args_override_self = true)]
+    Run {
+        /// The host, by number.
+        #[arg(long, default_value_t = 0, value_name = "I")]
+        host: usize,
+        /// Stop the command after this many seconds.
+        #[arg(long, default_value_t = 600, value_name = "S")]
+        timeout: u64,
+        /// Run CMD in this domU, through its console, instead of in dom0.
+        #[arg(long, value_name = "D")]
+        domain: Option<String>,
+        /// The command; its words are joined into one shell command line, as ssh
+        /// does.
+        #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Copy the domUs' console logs to target/testbed/hostI/consoles.
+    Logs,
+    /// Say which hosts are running.
+    Status,
+    /// Stop the emulated hosts (their logs collected first).
+    Down,
+    /// Run the end-to-end tier (two hosts; see docs/testbed.md).
+    E2e,
+    /// Pingpong under crane while the guest makes M moves in a row (same host and
+    /// stop-and-copy, with two hosts also across), the file descriptors, threads
+    /// and memory of crane-proxy, craned, the program and crane-agent and
+    /// XenStore's size after each; the result must equal a native run's (hosts
+    /// booted for it, stopped after).
+    #[command(args_override_self = true)]
+    Soak {
+        /// How many hosts to boot, 1 or 2.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        hosts: usize,
+        /// How many moves in a row.
+        #[arg(long, default_value_t = 50, value_name = "M")]
+        migrations: usize,
+    },
+}
+
+/// Entry point for `cargo xtask testbed ...`.
+pub fn cli(args: Cli) -> anyhow::Result<()> {
     let root = workspace_root();
     let paths = Paths::in_workspace(&root);
-    match args.first().map(String::as_str) {
-        Some("lock") => {
+    match args.command {
+        CliCommand::Lock => {
             let lock = crane_images::relock(&paths)?;
             println!("{}: {} packages", paths.lock.display(), lock.packages.len());
         }
-        Some("images") => {
+        CliCommand::Images => {
             let started = Instant::now();
             let images = build_images(&paths)?;
             for path in [
@@ -262,38 +307,24 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
             }
             eprintln!("images built in {:.1}s", started.elapsed().as_secs_f64());
         }
-        Some("up") => {
-            let mut count = 1;
-            let mut bare = false;
-            let mut rest = &args[1..];
-            loop {
-                match rest {
-                    [] => break,
-                    [flag, n, tail @ ..] if flag == "--hosts" => {
-                        count = n.parse().context("--hosts takes a number")?;
-                        rest = tail;
-                    }
-                    [flag, tail @ ..] if flag == "--bare" => {
-                        bare = true;
-                        rest = tail;
-                    }
-                    _ => anyhow::bail!("{USAGE}"),
-                }
-            }
-            up(&paths, count, bare)?;
-        }
-        Some("run") => {
-            let code = run(&args[1..])?;
+        CliCommand::Up { hosts, bare } => up(&paths, hosts, bare)?,
+        CliCommand::Run {
+            host,
+            timeout,
+            domain,
+            cmd,
+        } => {
+            let code = run(host, Duration::from_secs(timeout), domain.as_deref(), &cmd)?;
             std::process::exit(code);
         }
-        Some("logs") => {
+        CliCommand::Logs => {
             for host in running_hosts() {
                 for path in host.collect_logs()? {
                     println!("{}", path.display());
                 }
             }
         }
-        Some("status") => {
+        CliCommand::Status => {
             let hosts = running_hosts();
             if hosts.is_empty() {
                 println!("not running");
@@ -306,7 +337,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
                 );
             }
         }
-        Some("down") => {
+        CliCommand::Down => {
             let hosts = running_hosts();
             if hosts.is_empty() {
                 println!("not running");
@@ -318,24 +349,7 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
                 println!("stopped {}", dir.display());
             }
         }
-        Some("soak") => {
-            let mut hosts = 1;
-            let mut migrations = 50;
-            let mut rest = &args[1..];
-            loop {
-                match rest {
-                    [] => break,
-                    [flag, n, tail @ ..] if flag == "--hosts" => {
-                        hosts = n.parse().context("--hosts takes 1 or 2")?;
-                        rest = tail;
-                    }
-                    [flag, n, tail @ ..] if flag == "--migrations" => {
-                        migrations = n.parse().context("--migrations takes a number")?;
-                        rest = tail;
-                    }
-                    _ => anyhow::bail!("{USAGE}"),
-                }
-            }
+        CliCommand::Soak { hosts, migrations } => {
             anyhow::ensure!((1..=2).contains(&hosts), "the testbed runs 1 or 2 hosts");
             let started = Instant::now();
             let app = scenario::App::default();
@@ -351,13 +365,12 @@ pub fn cli(args: &[String]) -> anyhow::Result<()> {
                 soak.result
             );
         }
-        Some("e2e") => match tier::prepare() {
+        CliCommand::E2e => match tier::prepare() {
             tier::Readiness::Ready => tier::run()?,
             tier::Readiness::Skip(reason) => {
                 anyhow::bail!("the end-to-end tier cannot run here: {reason}")
             }
         },
-        _ => anyhow::bail!("{USAGE}"),
     }
     Ok(())
 }
@@ -415,37 +428,16 @@ fn up(paths: &Paths, count: usize, bare: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run(args: &[String]) -> anyhow::Result<i32> {
-    let mut timeout = Duration::from_secs(600);
-    let mut domain = None;
-    let mut index = 0;
-    let mut rest = args;
-    loop {
-        match rest {
-            [flag, value, tail @ ..] if flag == "--timeout" => {
-                timeout = Duration::from_secs(value.parse().context("--timeout takes seconds")?);
-                rest = tail;
-            }
-            [flag, value, tail @ ..] if flag == "--domain" => {
-                domain = Some(value.clone());
-                rest = tail;
-            }
-            [flag, value, tail @ ..] if flag == "--host" => {
-                index = value.parse().context("--host takes a host number")?;
-                rest = tail;
-            }
-            [dashdash, tail @ ..] if dashdash == "--" => {
-                rest = tail;
-                break;
-            }
-            _ => break,
-        }
-    }
-    anyhow::ensure!(!rest.is_empty(), "{USAGE}");
+fn run(
+    index: usize,
+    timeout: Duration,
+    domain: Option<&str>,
+    cmd: &[String],
+) -> anyhow::Result<i32> {
     // Like ssh: the words are joined into one shell command line.
-    let script = rest.join(" ");
+    let script = cmd.join(" ");
     let host = EmulatedHost::attach(&state_dir(index))?;
-    let output = match &domain {
+    let output = match domain {
         Some(domain) => host.run_in_domain(domain, &script, timeout)?,
         None => host.run(&script, timeout)?,
     };

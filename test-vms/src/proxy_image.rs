@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use crane_images::{ImageSpec, Paths};
 
 use crate::domus;
@@ -285,52 +285,58 @@ fn build_proxy_binary() -> anyhow::Result<PathBuf> {
     Ok(stripped)
 }
 
-const USAGE: &str = "\
-usage: cargo xtask proxy-image [options]
-  --out DIR            where to write the images and crane-proxy.cfg
-                       (default target/proxy-image)
-  --nvidia DIR         NVIDIA's driver instead of PoCL: DIR/lib (user-space
-                       libraries), DIR/modules (*.ko built for the images' kernel),
-                       DIR/firmware (optional); see docs/operations.md
-  --address ADDR/PFX   the proxy domain's address (default 192.168.122.2/24)
-  --bridge NAME        dom0's bridge (default xenbr0)
-  --port N             crane-proxy's port (default 7000)
-  --memory MIB         the domain's memory (default 4096)
-  --gpu BDF            the proxy's GPU, written into the xl configuration
-  --install-dir DIR    where the files go in dom0 (default /var/lib/crane/proxy)
-  --kernel-release     print the images' kernel release and exit";
+/// `cargo xtask proxy-image`'s arguments.
+#[derive(Debug, clap::Args)]
+#[command(args_override_self = true)]
+pub struct Args {
+    /// Where to write the images and crane-proxy.cfg (default: proxy-image in
+    /// the target folder, $CARGO_TARGET_DIR or target/).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// NVIDIA's driver instead of PoCL: DIR/lib (user-space libraries),
+    /// DIR/modules (*.ko built for the images' kernel), DIR/firmware
+    /// (optional); see docs/operations.md.
+    #[arg(long, value_name = "DIR")]
+    pub nvidia: Option<PathBuf>,
+    /// The proxy domain's address on dom0's bridge.
+    #[arg(long, value_name = "ADDR/PFX", default_value_t = ProxySettings::default().address)]
+    pub address: String,
+    /// dom0's bridge.
+    #[arg(long, value_name = "NAME", default_value_t = ProxySettings::default().bridge)]
+    pub bridge: String,
+    /// crane-proxy's port.
+    #[arg(long, value_name = "N", default_value_t = ProxySettings::default().listen_port)]
+    pub port: u16,
+    /// The domain's memory, MiB.
+    #[arg(long, value_name = "MIB", default_value_t = ProxySettings::default().memory_mib)]
+    pub memory: u32,
+    /// The proxy's GPU (PCI address), written into the xl configuration.
+    #[arg(long, value_name = "BDF")]
+    pub gpu: Option<String>,
+    /// Where the files go in dom0.
+    #[arg(long, value_name = "DIR", default_value_os_t = ProxySettings::default().install_dir)]
+    pub install_dir: PathBuf,
+    /// Print the images' kernel release and exit.
+    #[arg(long)]
+    pub kernel_release: bool,
+}
 
-/// Entry point for `cargo xtask proxy-image ARGS...`.
-pub fn cli(args: &[String]) -> anyhow::Result<()> {
+/// Entry point for `cargo xtask proxy-image ...`.
+pub fn cli(args: Args) -> anyhow::Result<()> {
     let root = crate::workspace_root();
-    let mut out = domus::target_dir().join("proxy-image");
-    let mut nvidia = None;
-    let mut settings = ProxySettings::default();
-    let mut release_only = false;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .with_context(|| format!("{name} takes a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--out" => out = PathBuf::from(value("--out")?),
-            "--nvidia" => nvidia = Some(PathBuf::from(value("--nvidia")?)),
-            "--address" => settings.address = value("--address")?,
-            "--bridge" => settings.bridge = value("--bridge")?,
-            "--port" => settings.listen_port = value("--port")?.parse().context("--port")?,
-            "--memory" => settings.memory_mib = value("--memory")?.parse().context("--memory")?,
-            "--gpu" => settings.gpu = Some(value("--gpu")?),
-            "--install-dir" => settings.install_dir = PathBuf::from(value("--install-dir")?),
-            "--kernel-release" => release_only = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => bail!("unknown option {other:?}\n{USAGE}"),
-        }
-    }
+    let out = args
+        .out
+        .unwrap_or_else(|| domus::target_dir().join("proxy-image"));
+    let nvidia = args.nvidia;
+    let settings = ProxySettings {
+        listen_port: args.port,
+        address: args.address,
+        bridge: args.bridge,
+        memory_mib: args.memory,
+        install_dir: args.install_dir,
+        gpu: args.gpu,
+    };
+    let release_only = args.kernel_release;
     let paths = Paths {
         out: out.clone(),
         ..Paths::in_workspace(&root)

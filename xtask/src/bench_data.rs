@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
 use serde::Serialize;
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Args)]
 #[command(about = "Transfer paths natively and under crane, as ratios (benches/data.c)")]
 pub struct Args {
     /// Sizes to run, comma-separated (K, M, G suffixes).

@@ -22,13 +22,12 @@ use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
 use crane_control::{Phase, Request, call, socket_path};
 use serde::Serialize;
 
 use crate::conformance::Proxy;
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Args)]
 #[command(about = "Stoppage of suspend/resume and moves to crane-proxy and back, by memory size")]
 pub struct Args {
     /// Device memory the application holds, MiB, comma-separated.

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, ValueEnum};
+use clap::ValueEnum;
 use crane_control::{Request, call, socket_path};
 use serde::Serialize;
 
@@ -61,7 +61,7 @@ impl Mode {
     }
 }
 
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Args)]
 #[command(
     about = "Run the Khronos OpenCL CTS natively and through crane in each mode",
     long_about = "Run the Khronos OpenCL CTS natively and through crane in each mode, and \
@@ -78,48 +78,48 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "native,passthrough,cycles,remote,switches"
     )]
-    modes: Vec<Mode>,
+    pub modes: Vec<Mode>,
     /// The CTS folder (with bin/); default: $CRANE_CTS_DIR, else ../shared/conformance/opencl-cts
     /// beside the workspace.
     #[arg(long, value_name = "DIR")]
-    cts: Option<PathBuf>,
+    pub cts: Option<PathBuf>,
     /// The subset `cargo xtask test` runs (fits CI's budget); SUITE arguments are added to it.
     #[arg(long)]
-    ci: bool,
+    pub ci: bool,
     /// Leave these sub-tests out: SUITE:SUBTEST[,SUBTEST...] (repeatable).
     #[arg(long, value_name = "SUITE:SUBTESTS")]
-    exclude: Vec<String>,
+    pub exclude: Vec<String>,
     /// libcrane_opencl.so to test (default: built now with cargo).
     #[arg(long, value_name = "PATH")]
-    lib: Option<PathBuf>,
+    pub lib: Option<PathBuf>,
     /// crane-proxy for the remote and switches modes (default: built now with cargo).
     #[arg(long, value_name = "PATH")]
-    proxy: Option<PathBuf>,
+    pub proxy: Option<PathBuf>,
     /// Build crane with --release (when --lib/--proxy are not given).
     #[arg(long)]
-    release: bool,
+    pub release: bool,
     /// Where the machine-readable results go (default target/conformance/results.json).
     #[arg(long, value_name = "FILE")]
-    out: Option<PathBuf>,
+    pub out: Option<PathBuf>,
     /// Limit for a native run of one suite, in seconds; runs under crane get
     /// four times the native run's time plus 60 s (at least 120 s).
     #[arg(long, default_value_t = 1200, value_name = "SECS")]
-    timeout: u64,
+    pub timeout: u64,
     /// Shortest and longest pause between two injected cycles or switches, in ms.
     #[arg(long, default_value = "500-1000", value_name = "MIN-MAX")]
-    interval: String,
+    pub interval: String,
     /// Keep every run's log in this folder (default: kept only for runs that differ,
     /// under target/conformance/logs).
     #[arg(long, value_name = "DIR")]
-    logs: Option<PathBuf>,
+    pub logs: Option<PathBuf>,
     /// How many modes of a suite run at once after its native run (each mode's
     /// runs are independent processes with their own proxy and folders). 1 for
     /// timings that mean something; CI runs several to use the cores the suites
     /// leave idle.
     #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=16))]
-    jobs: u32,
+    pub jobs: u32,
     /// SUITE[:SUBTEST,...]
-    suites: Vec<String>,
+    pub suites: Vec<String>,
 }
 
 /// Each suite's own arguments, as the CTS's README gives them: test_compiler

@@ -44,6 +44,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
 use crane_test_vms::tier::{self, Readiness};
 
 mod bench_data;
@@ -351,34 +352,19 @@ fn result_line(out: &[u8]) -> String {
 
 /// The demo: on an emulated Xen host when this machine can run one, else the local
 /// cycle, saying why.
-fn demo(args: &[String]) -> Result<()> {
+fn demo(args: &DemoArgs) -> Result<()> {
     ensure_packages()?;
-    let local = args.iter().any(|a| a == "--local");
     // `--app PATH [-- ARGS]`: any OpenCL program of this machine instead of pingpong.
-    let app = match args.iter().position(|a| a == "--app") {
-        Some(i) => {
-            let path = PathBuf::from(args.get(i + 1).context("--app needs a path")?);
-            let app_args: Vec<String> = args
-                .iter()
-                .skip_while(|a| *a != "--")
-                .skip(1)
-                .cloned()
-                .collect();
-            Some(crane_test_vms::scenario::App::from_host(&path, app_args)?)
-        }
+    let app = match &args.app {
+        Some(path) => Some(crane_test_vms::scenario::App::from_host(
+            path,
+            args.app_args.clone(),
+        )?),
         None => None,
     };
-    let hosts = match args.iter().position(|a| a == "--hosts") {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|n| n.parse().ok())
-            .filter(|n| (1..=2).contains(n))
-            .context("--hosts takes 1 or 2")?,
-        None => 1,
-    };
-    if !local {
+    if !args.local {
         match tier::prepare() {
-            Readiness::Ready => return xen_demo(hosts, app),
+            Readiness::Ready => return xen_demo(args.hosts, app),
             Readiness::Skip(reason) => eprintln!(
                 "xtask demo: cannot boot an emulated Xen host here: {reason}.\n\
                  xtask demo: running the LOCAL cycle instead: the app suspended and resumed on \
@@ -433,21 +419,14 @@ fn xen_demo(hosts: usize, app: Option<crane_test_vms::scenario::App>) -> Result<
 
 /// The local cycle: run an app natively, then under crane while suspending (GPU
 /// state to RAM, vendor library unloaded) and resuming it, and compare.
-fn local_demo(args: &[String]) -> Result<()> {
+fn local_demo(args: &DemoArgs) -> Result<()> {
     run(cargo().args(["build", "--release", "-p", "crane-opencl", "-p", "cranectl"]))?;
     let apps = root().join("target/testapps");
     run(Command::new("bash")
         .arg(root().join("testapps/build.sh"))
         .arg(&apps))?;
-    let (app, app_args): (PathBuf, Vec<String>) = match args.iter().position(|a| a == "--app") {
-        Some(i) => (
-            PathBuf::from(args.get(i + 1).context("--app needs a path")?),
-            args.iter()
-                .skip_while(|a| *a != "--")
-                .skip(1)
-                .cloned()
-                .collect(),
-        ),
+    let (app, app_args): (PathBuf, Vec<String>) = match &args.app {
+        Some(path) => (path.clone(), args.app_args.clone()),
         None => (
             apps.join("pingpong"),
             vec!["--iters".into(), "30000".into()],
@@ -533,7 +512,7 @@ fn bench_lines(out: &[u8]) -> Vec<(String, f64)> {
 /// Per-call cost crane adds on the hottest calls: benches/call_overhead.c run
 /// natively and under libcrane_opencl.so, alternating, best of several runs.
 /// A figure printer, not a test: the goals (docs/benchmarks.md) are read off it.
-fn bench(args: &[String]) -> Result<()> {
+fn bench(args: &BenchArgs) -> Result<()> {
     ensure_packages()?;
     run(cargo().args(["build", "--release", "-p", "crane-opencl"]))?;
     let exe = root().join("target/bench/call_overhead");
@@ -544,8 +523,7 @@ fn bench(args: &[String]) -> Result<()> {
         .arg(root().join("benches/call_overhead.c"))
         .arg("-lOpenCL"))?;
     let lib = root().join("target/release/libcrane_opencl.so");
-    let null_vendor = args.iter().any(|a| a == "--null-vendor");
-    let runs: usize = args.iter().find_map(|a| a.parse().ok()).unwrap_or(3);
+    let BenchArgs { null_vendor, runs } = *args;
     // With --null-vendor both runs call a vendor that does nothing
     // (benches/nullvendor.c): natively the figures are the ICD loader's own
     // cost per call, under crane crane's own.
@@ -618,7 +596,7 @@ fn bench(args: &[String]) -> Result<()> {
 /// What remoting costs an application: benches/remoting.c natively, under
 /// crane locally, and under crane on a crane-proxy on loopback TCP, with and
 /// without batching. A figure printer (docs/benchmarks.md), not a test.
-fn bench_remote(args: &[String]) -> Result<()> {
+fn bench_remote(args: &BenchRemoteArgs) -> Result<()> {
     ensure_packages()?;
     run(cargo().args([
         "build",
@@ -636,7 +614,7 @@ fn bench_remote(args: &[String]) -> Result<()> {
         .arg(root().join("benches/remoting.c"))
         .arg("-lOpenCL"))?;
     let lib = root().join("target/release/libcrane_opencl.so");
-    let secs = args.first().cloned().unwrap_or_else(|| "2".into());
+    let secs = args.secs.to_string();
     let dir = std::env::temp_dir().join(format!("crane-bench-remote-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("tokens"), "bench bench\n")?;
@@ -761,47 +739,688 @@ fn build_for_conformance(release: bool) -> Result<(PathBuf, PathBuf)> {
     Ok((dir.join("libcrane_opencl.so"), dir.join("crane-proxy")))
 }
 
+/// `cargo xtask`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    version,
+    propagate_version = true,
+    about = "crane's build, test, benchmark and demo driver"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Everything CI runs: fmt, clippy, unit, integration and conformance
+    /// tiers, then the end-to-end tier on emulated Xen hosts.
+    Test,
+    /// crane as deployed on emulated Xen hosts, an OpenCL app moving with its
+    /// guest; where no emulated host can run (or with --local), the
+    /// suspend/resume cycle on this machine.
+    Demo(DemoArgs),
+    /// Added nanoseconds per call under crane versus native
+    /// (benches/call_overhead.c).
+    Bench(BenchArgs),
+    /// Frame rate, round trip and bandwidth natively, under crane, and under
+    /// crane on crane-proxy over loopback TCP (benches/remoting.c).
+    BenchRemote(BenchRemoteArgs),
+    BenchData(bench_data::Args),
+    BenchStoppage(bench_stoppage::Args),
+    Conformance(conformance::Args),
+    /// The emulated Xen testbed (docs/testbed.md).
+    Testbed(crane_test_vms::Cli),
+    /// Every test the fault matrix of docs/reliability.md names; missing ones
+    /// are failures.
+    FaultMatrix(matrix::Args),
+    /// The proxy domain's image for a real Xen host, with PoCL or NVIDIA's
+    /// driver (docs/operations.md).
+    ProxyImage(crane_test_vms::proxy_image::Args),
+}
+
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// Run the suspend/resume cycle on this machine, without a VM.
+    #[arg(long, overrides_with = "local")]
+    local: bool,
+    /// Emulated Xen hosts, 1 or 2; with 2 the XenStore-requested migration goes
+    /// to the other host.
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=2)
+    )]
+    hosts: usize,
+    /// Run this OpenCL program of this machine instead of pingpong (copied
+    /// into the guest image with its libraries); its whole output must equal
+    /// its native run's.
+    #[arg(long, value_name = "PATH")]
+    app: Option<PathBuf>,
+    /// The program's arguments, after `--` (with --app only).
+    #[arg(last = true, requires = "app", value_name = "ARGS")]
+    app_args: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::Args)]
+#[command(args_override_self = true)]
+struct BenchArgs {
+    /// Call a vendor that does nothing (benches/nullvendor.c): the figures are
+    /// then the ICD loader's and crane's own costs.
+    #[arg(long)]
+    null_vendor: bool,
+    /// Rounds, each running benches/call_overhead.c natively, then under crane;
+    /// each figure is the best round's.
+    #[arg(default_value_t = 3)]
+    runs: usize,
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchRemoteArgs {
+    /// How long each configuration's measurements run, in seconds.
+    #[arg(default_value_t = 2.0)]
+    secs: f64,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("test") => test(),
-        Some("demo") => demo(&args[1..]),
-        Some("bench") => bench(&args[1..]),
-        Some("bench-remote") => bench_remote(&args[1..]),
-        Some("bench-stoppage") => {
-            use clap::Parser;
-            let a = bench_stoppage::Args::parse_from(
-                std::iter::once("cargo xtask bench-stoppage".to_string())
-                    .chain(args[1..].iter().cloned()),
-            );
-            bench_stoppage::main(a, &root(), || build_for_conformance(true))
+    match Cli::parse().command {
+        Cmd::Test => test(),
+        Cmd::Demo(a) => demo(&a),
+        Cmd::Bench(a) => bench(&a),
+        Cmd::BenchRemote(a) => bench_remote(&a),
+        Cmd::BenchStoppage(a) => bench_stoppage::main(a, &root(), || build_for_conformance(true)),
+        Cmd::BenchData(a) => bench_data::main(a, &root(), || {
+            ensure_packages()?;
+            run(cargo().args(["build", "--release", "-p", "crane-opencl"]))?;
+            Ok(root().join("target/release/libcrane_opencl.so"))
+        }),
+        Cmd::Testbed(a) => crane_test_vms::cli(a),
+        Cmd::FaultMatrix(a) => matrix::main(&root(), a, cargo),
+        Cmd::ProxyImage(a) => crane_test_vms::proxy_image::cli(a),
+        Cmd::Conformance(a) => conformance::main(a, &root(), build_for_conformance),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    use crane_test_vms::CliCommand as Testbed;
+
+    fn parse(args: &[&str]) -> Cmd {
+        let argv = std::iter::once("xtask").chain(args.iter().copied());
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => cli.command,
+            Err(e) => panic!("{args:?} should parse: {e}"),
         }
-        Some("bench-data") => {
-            use clap::Parser;
-            let a = bench_data::Args::parse_from(
-                std::iter::once("cargo xtask bench-data".to_string())
-                    .chain(args[1..].iter().cloned()),
-            );
-            bench_data::main(a, &root(), || {
-                ensure_packages()?;
-                run(cargo().args(["build", "--release", "-p", "crane-opencl"]))?;
-                Ok(root().join("target/release/libcrane_opencl.so"))
-            })
+    }
+
+    fn refused(args: &[&str]) -> ErrorKind {
+        let argv = std::iter::once("xtask").chain(args.iter().copied());
+        match Cli::try_parse_from(argv) {
+            Ok(cli) => panic!("{args:?} should be refused, parsed as {:?}", cli.command),
+            Err(e) => e.kind(),
         }
-        Some("testbed") => crane_test_vms::cli(&args[1..]),
-        Some("fault-matrix") => matrix::main(&root(), &args[1..], cargo),
-        Some("proxy-image") => crane_test_vms::proxy_image::cli(&args[1..]),
-        Some("conformance") => {
-            use clap::Parser;
-            let a = conformance::Args::parse_from(
-                std::iter::once("cargo xtask conformance".to_string())
-                    .chain(args[1..].iter().cloned()),
-            );
-            conformance::main(a, &root(), build_for_conformance)
+    }
+
+    fn strings(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_and_version_everywhere_run_nothing() {
+        let mut paths: Vec<Vec<String>> = vec![vec![]];
+        for sub in Cli::command().get_subcommands() {
+            paths.push(vec![sub.get_name().to_string()]);
+            for nested in sub.get_subcommands() {
+                paths.push(vec![
+                    sub.get_name().to_string(),
+                    nested.get_name().to_string(),
+                ]);
+            }
         }
-        other => bail!(
-            "unknown xtask command {other:?}; try test, demo, bench, bench-remote, bench-data, \
-             bench-stoppage, testbed, proxy-image, conformance or fault-matrix"
-        ),
+        // Every subcommand and every testbed command.
+        assert!(paths.len() > 10 + 9, "{paths:?}");
+        for path in paths {
+            for (flag, kind) in [
+                ("--help", ErrorKind::DisplayHelp),
+                ("-h", ErrorKind::DisplayHelp),
+                ("--version", ErrorKind::DisplayVersion),
+                ("-V", ErrorKind::DisplayVersion),
+            ] {
+                if path.last().is_some_and(|p| p == "help") {
+                    continue;
+                }
+                let mut argv: Vec<&str> = path.iter().map(String::as_str).collect();
+                argv.push(flag);
+                assert_eq!(refused(&argv), kind, "{argv:?}");
+            }
+        }
+        let version = Cli::try_parse_from(["xtask", "--version"]).unwrap_err();
+        assert!(
+            version.to_string().contains(env!("CARGO_PKG_VERSION")),
+            "{version}"
+        );
+    }
+
+    #[test]
+    fn bench_help_is_help_not_a_run() {
+        assert_eq!(refused(&["bench", "--help"]), ErrorKind::DisplayHelp);
+        assert_eq!(
+            refused(&["bench", "--null-vendor", "--help"]),
+            ErrorKind::DisplayHelp
+        );
+    }
+
+    #[test]
+    fn unknown_commands_options_and_missing_values_are_errors() {
+        // A missing command shows the help, as an error (exit status 2).
+        assert_eq!(
+            refused(&[]),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        assert_eq!(refused(&["tset"]), ErrorKind::InvalidSubcommand);
+        assert_eq!(refused(&["test", "--bogus"]), ErrorKind::UnknownArgument);
+        assert_eq!(refused(&["test", "extra"]), ErrorKind::UnknownArgument);
+        assert_eq!(refused(&["bench", "--bogus"]), ErrorKind::UnknownArgument);
+        assert_eq!(
+            refused(&["bench", "--null-vender"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(refused(&["bench", "5", "7"]), ErrorKind::UnknownArgument);
+        assert_eq!(refused(&["bench", "many"]), ErrorKind::ValueValidation);
+        assert_eq!(
+            refused(&["bench-remote", "long"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            refused(&["bench-remote", "2", "3"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["bench-stoppage", "--mib"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            refused(&["bench-stoppage", "--mbi", "1"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["bench-data", "--rounds"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            refused(&["conformance", "--jobs", "17"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            refused(&["conformance", "--modes", "bogus"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            refused(&["demo", "--hosts", "3"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(refused(&["demo", "--hosts"]), ErrorKind::InvalidValue);
+        assert_eq!(refused(&["demo", "--app"]), ErrorKind::InvalidValue);
+        assert_eq!(
+            refused(&["demo", "--hsts", "2"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["demo", "--", "--iters", "5"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            refused(&["demo", "--app", "x", "y"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["fault-matrix", "--e2f"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["fault-matrix", "e2e"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["testbed"]),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        assert_eq!(refused(&["testbed", "upp"]), ErrorKind::InvalidSubcommand);
+        assert_eq!(
+            refused(&["testbed", "up", "--hosts"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            refused(&["testbed", "up", "--hots", "2"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["testbed", "run"]),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            refused(&["testbed", "run", "--timeout"]),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            refused(&["testbed", "run", "--hosts", "1", "ls"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["testbed", "soak", "--migrations", "x"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            refused(&["testbed", "status", "now"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            refused(&["proxy-image", "--nvdia", "nv"]),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(refused(&["proxy-image", "--out"]), ErrorKind::InvalidValue);
+        assert_eq!(
+            refused(&["proxy-image", "--port", "70000"]),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            refused(&["proxy-image", "extra"]),
+            ErrorKind::UnknownArgument
+        );
+    }
+
+    #[test]
+    fn test_and_fault_matrix_parse() {
+        assert!(matches!(parse(&["test"]), Cmd::Test));
+        assert!(matches!(parse(&["fault-matrix"]), Cmd::FaultMatrix(a) if !a.e2e));
+        assert!(matches!(parse(&["fault-matrix", "--e2e"]), Cmd::FaultMatrix(a) if a.e2e));
+    }
+
+    #[test]
+    fn demo_parses_as_the_docs_use_it() {
+        let demo = |args: &[&str]| match parse(args) {
+            Cmd::Demo(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let a = demo(&["demo"]);
+        assert!(!a.local && a.hosts == 1 && a.app.is_none() && a.app_args.is_empty());
+        assert_eq!(demo(&["demo", "--hosts", "2"]).hosts, 2);
+        assert_eq!(demo(&["demo", "--hosts", "1"]).hosts, 1);
+        assert!(demo(&["demo", "--local"]).local);
+        // Repeated --local is as good as one, as it was.
+        assert!(demo(&["demo", "--local", "--local"]).local);
+        let a = demo(&[
+            "demo",
+            "--app",
+            "target/testbed/testapps/frameloop",
+            "--",
+            "--iters",
+            "6000",
+        ]);
+        assert_eq!(
+            a.app.as_deref(),
+            Some(Path::new("target/testbed/testapps/frameloop"))
+        );
+        assert_eq!(a.app_args, strings(&["--iters", "6000"]));
+        assert!(!a.local);
+        // Flags after `--` are the program's, not the demo's.
+        let a = demo(&[
+            "demo", "--local", "--app", "./app", "--", "--local", "--hosts", "9",
+        ]);
+        assert!(a.local);
+        assert_eq!(a.hosts, 1);
+        assert_eq!(a.app_args, strings(&["--local", "--hosts", "9"]));
+        let a = demo(&["demo", "--hosts", "2", "--app", "./app"]);
+        assert_eq!((a.hosts, a.app_args.len()), (2, 0));
+    }
+
+    #[test]
+    fn bench_takes_null_vendor_and_a_run_count_in_either_order() {
+        let bench = |args: &[&str]| match parse(args) {
+            Cmd::Bench(a) => (a.null_vendor, a.runs),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(bench(&["bench"]), (false, 3));
+        assert_eq!(bench(&["bench", "--null-vendor"]), (true, 3));
+        assert_eq!(bench(&["bench", "5"]), (false, 5));
+        assert_eq!(bench(&["bench", "5", "--null-vendor"]), (true, 5));
+        assert_eq!(bench(&["bench", "--null-vendor", "7"]), (true, 7));
+        assert_eq!(
+            bench(&["bench", "--null-vendor", "--null-vendor"]),
+            (true, 3)
+        );
+    }
+
+    #[test]
+    fn bench_remote_takes_optional_seconds() {
+        let secs = |args: &[&str]| match parse(args) {
+            Cmd::BenchRemote(a) => a.secs.to_string(),
+            other => panic!("{other:?}"),
+        };
+        // The figure benches/remoting.c is given as its argument.
+        assert_eq!(secs(&["bench-remote"]), "2");
+        assert_eq!(secs(&["bench-remote", "5"]), "5");
+        assert_eq!(secs(&["bench-remote", "0.5"]), "0.5");
+    }
+
+    #[test]
+    fn bench_data_and_bench_stoppage_parse_as_scripts_call_them() {
+        let Cmd::BenchData(a) = parse(&["bench-data"]) else {
+            panic!()
+        };
+        assert_eq!(
+            (a.sizes.as_str(), a.bytes_per_path.as_str(), a.rounds),
+            ("1K,64K,1M,16M,256M", "1G", 2)
+        );
+        let Cmd::BenchData(a) = parse(&[
+            "bench-data",
+            "--lib",
+            "d/libcrane_opencl.so",
+            "--exe",
+            "d/data",
+            "--sizes",
+            "1M,256M",
+            "--rounds",
+            "2",
+            "--bytes-per-path",
+            "512M",
+            "--out",
+            "w/data.json",
+            "--platform",
+            "NVIDIA",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(a.sizes, "1M,256M");
+        assert_eq!(a.bytes_per_path, "512M");
+        assert_eq!(a.exe.as_deref(), Some(Path::new("d/data")));
+        assert_eq!(a.out.as_deref(), Some(Path::new("w/data.json")));
+        assert_eq!(a.platform.as_deref(), Some("NVIDIA"));
+
+        let Cmd::BenchStoppage(a) = parse(&["bench-stoppage"]) else {
+            panic!()
+        };
+        assert_eq!(
+            (a.mib.as_str(), a.rewrite.as_str(), a.buffer_mib, a.repeat),
+            ("1,16,256,1024,4096", "0,10,100", 8.0, 2)
+        );
+        assert_eq!(
+            a.steps,
+            strings(&["suspend", "precopy", "remote", "pc-remote"])
+        );
+        assert_eq!(a.precopy_rounds, 4);
+        let Cmd::BenchStoppage(a) = parse(&[
+            "bench-stoppage",
+            "--lib",
+            "d/libcrane_opencl.so",
+            "--proxy",
+            "d/crane-proxy",
+            "--exe",
+            "d/stoppage",
+            "--mib",
+            "1,256,1024",
+            "--rewrite",
+            "0,10,100",
+            "--repeat",
+            "2",
+            "--steps",
+            "remote,pc-remote",
+            "--out",
+            "w/stoppage.json",
+            "--moves",
+            "cpu,gpu",
+            "--precopy-rounds",
+            "3",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(a.mib, "1,256,1024");
+        assert_eq!(a.steps, strings(&["remote", "pc-remote"]));
+        assert_eq!(a.proxy.as_deref(), Some(Path::new("d/crane-proxy")));
+        assert_eq!(a.moves.as_deref(), Some("cpu,gpu"));
+        assert_eq!(a.precopy_rounds, 3);
+    }
+
+    #[test]
+    fn conformance_parses_as_ci_and_the_scripts_call_it() {
+        let Cmd::Conformance(a) = parse(&["conformance"]) else {
+            panic!()
+        };
+        assert_eq!(a.modes.len(), 5);
+        assert_eq!(
+            (a.jobs, a.timeout, a.interval.as_str()),
+            (1, 1200, "500-1000")
+        );
+        assert!(!a.ci && a.suites.is_empty());
+        let Cmd::Conformance(a) = parse(&[
+            "conformance",
+            "--modes",
+            "native,cycles,switches",
+            "--jobs",
+            "2",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(
+            a.modes,
+            [
+                conformance::Mode::Native,
+                conformance::Mode::Cycles,
+                conformance::Mode::Switches
+            ]
+        );
+        assert_eq!(a.jobs, 2);
+        // benches/cts-gpu.sh run.
+        let Cmd::Conformance(a) = parse(&[
+            "conformance",
+            "--cts",
+            "d/cts",
+            "--lib",
+            "d/libcrane_opencl.so",
+            "--proxy",
+            "d/crane-proxy",
+            "--out",
+            "o/conf-t.json",
+            "--logs",
+            "/tmp/logs-t",
+            "--jobs",
+            "4",
+            "--exclude",
+            "test_basic:hostptr",
+            "--release",
+            "--timeout",
+            "60",
+            "test_compiler",
+            "test_basic:hostptr,arraycopy",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(a.cts.as_deref(), Some(Path::new("d/cts")));
+        assert_eq!(a.logs.as_deref(), Some(Path::new("/tmp/logs-t")));
+        assert_eq!(a.exclude, strings(&["test_basic:hostptr"]));
+        assert!(a.release);
+        assert_eq!(
+            a.suites,
+            strings(&["test_compiler", "test_basic:hostptr,arraycopy"])
+        );
+    }
+
+    #[test]
+    fn the_ci_tier_s_own_invocations_parse() {
+        let jobs = conformance_tier_jobs().unwrap();
+        assert_eq!(jobs.len(), 3);
+        for job in jobs {
+            let argv = std::iter::once(std::ffi::OsStr::new("xtask")).chain(job.cmd.get_args());
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("{}: {e}", job.name);
+            }
+        }
+        // fault-matrix --e2e runs `cargo xtask testbed e2e`.
+        assert!(matches!(
+            parse(&["testbed", "e2e"]),
+            Cmd::Testbed(t) if t.command == Testbed::E2e
+        ));
+    }
+
+    #[test]
+    fn testbed_commands_parse_as_docs_testbed_md_gives_them() {
+        let tb = |args: &[&str]| match parse(args) {
+            Cmd::Testbed(t) => t.command,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(tb(&["testbed", "lock"]), Testbed::Lock);
+        assert_eq!(tb(&["testbed", "images"]), Testbed::Images);
+        assert_eq!(tb(&["testbed", "logs"]), Testbed::Logs);
+        assert_eq!(tb(&["testbed", "status"]), Testbed::Status);
+        assert_eq!(tb(&["testbed", "down"]), Testbed::Down);
+        assert_eq!(
+            tb(&["testbed", "up"]),
+            Testbed::Up {
+                hosts: 1,
+                bare: false
+            }
+        );
+        assert_eq!(
+            tb(&["testbed", "up", "--bare"]),
+            Testbed::Up {
+                hosts: 1,
+                bare: true
+            }
+        );
+        assert_eq!(
+            tb(&["testbed", "up", "--hosts", "2", "--bare"]),
+            Testbed::Up {
+                hosts: 2,
+                bare: true
+            }
+        );
+        // As before, the last of a repeated option counts.
+        assert_eq!(
+            tb(&["testbed", "up", "--hosts", "2", "--hosts", "1"]),
+            Testbed::Up {
+                hosts: 1,
+                bare: false
+            }
+        );
+        let run = |host: usize, timeout: u64, domain: Option<&str>, cmd: &[&str]| Testbed::Run {
+            host,
+            timeout,
+            domain: domain.map(String::from),
+            cmd: strings(cmd),
+        };
+        assert_eq!(
+            tb(&["testbed", "run", "--", "xl", "info"]),
+            run(0, 600, None, &["xl", "info"])
+        );
+        assert_eq!(
+            tb(&["testbed", "run", "--", "xl list; exit 3"]),
+            run(0, 600, None, &["xl list; exit 3"])
+        );
+        assert_eq!(
+            tb(&["testbed", "run", "--domain", "proxy", "--", "ip", "addr"]),
+            run(0, 600, Some("proxy"), &["ip", "addr"])
+        );
+        assert_eq!(
+            tb(&["testbed", "run", "--host", "1", "--", "xl", "list"]),
+            run(1, 600, None, &["xl", "list"])
+        );
+        assert_eq!(
+            tb(&["testbed", "run", "--timeout", "30", "--host", "1", "uptime"]),
+            run(1, 30, None, &["uptime"])
+        );
+        // Without `--` the command starts at its first word and takes
+        // everything after, flags included, as before.
+        assert_eq!(
+            tb(&["testbed", "run", "xl", "list", "-l", "--host", "1"]),
+            run(0, 600, None, &["xl", "list", "-l", "--host", "1"])
+        );
+        assert_eq!(
+            tb(&["testbed", "run", "--", "--timeout", "5"]),
+            run(0, 600, None, &["--timeout", "5"])
+        );
+        assert_eq!(
+            tb(&["testbed", "soak"]),
+            Testbed::Soak {
+                hosts: 1,
+                migrations: 50
+            }
+        );
+        assert_eq!(
+            tb(&["testbed", "soak", "--hosts", "2", "--migrations", "50"]),
+            Testbed::Soak {
+                hosts: 2,
+                migrations: 50
+            }
+        );
+        assert_eq!(
+            tb(&["testbed", "soak", "--migrations", "5"]),
+            Testbed::Soak {
+                hosts: 1,
+                migrations: 5
+            }
+        );
+    }
+
+    #[test]
+    fn proxy_image_parses_as_docs_operations_md_gives_it() {
+        let pi = |args: &[&str]| match parse(args) {
+            Cmd::ProxyImage(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let a = pi(&["proxy-image"]);
+        let d = crane_test_vms::proxy_image::ProxySettings::default();
+        assert_eq!(
+            (a.address, a.bridge, a.port, a.memory, a.install_dir, a.gpu),
+            (
+                d.address,
+                d.bridge,
+                d.listen_port,
+                d.memory_mib,
+                d.install_dir,
+                d.gpu
+            )
+        );
+        assert!(a.out.is_none() && a.nvidia.is_none() && !a.kernel_release);
+        assert!(pi(&["proxy-image", "--kernel-release"]).kernel_release);
+        let a = pi(&[
+            "proxy-image",
+            "--nvidia",
+            "nv",
+            "--gpu",
+            "0000:41:00.0",
+            "--address",
+            "10.0.0.2/24",
+            "--memory",
+            "8192",
+            "--out",
+            "o",
+            "--bridge",
+            "br1",
+            "--port",
+            "7001",
+            "--install-dir",
+            "/srv/proxy",
+        ]);
+        assert_eq!(a.nvidia.as_deref(), Some(Path::new("nv")));
+        assert_eq!(a.gpu.as_deref(), Some("0000:41:00.0"));
+        assert_eq!(
+            (a.address.as_str(), a.memory, a.bridge.as_str(), a.port),
+            ("10.0.0.2/24", 8192, "br1", 7001)
+        );
+        assert_eq!(a.out.as_deref(), Some(Path::new("o")));
+        assert_eq!(a.install_dir, Path::new("/srv/proxy"));
+        // As before, the last of a repeated option counts.
+        assert_eq!(pi(&["proxy-image", "--port", "1", "--port", "2"]).port, 2);
     }
 }

@@ -97,12 +97,17 @@ fn outcome(output: &str, name: &str) -> Option<bool> {
     seen
 }
 
-pub fn main(root: &Path, args: &[String], cargo: impl Fn() -> Command) -> Result<()> {
-    let e2e = match args {
-        [] => false,
-        [a] if a == "--e2e" => true,
-        _ => bail!("usage: cargo xtask fault-matrix [--e2e]"),
-    };
+/// `cargo xtask fault-matrix`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Then run the full end-to-end scenario on the emulated Xen hosts
+    /// (`CRANE_E2E_FULL=1`: its cells marked "(full)" included).
+    #[arg(long)]
+    pub e2e: bool,
+}
+
+pub fn main(root: &Path, args: Args, cargo: impl Fn() -> Command) -> Result<()> {
+    let Args { e2e } = args;
     let doc = std::fs::read_to_string(root.join("docs/reliability.md"))
         .context("reading docs/reliability.md")?;
     let tests = named(&doc)?;
