@@ -77,7 +77,14 @@ fn class(len: usize) -> usize {
 struct Region {
     addr: usize,
     len: usize,
+    /// Allocated on the heap (below [`SMALL`]) rather than mapped.
+    heap: bool,
 }
+
+/// Below this, memory comes from the heap: a mapping of its own costs a
+/// system call, page faults and an unmap (with its TLB flush) each time,
+/// several times the copy into it, and memory this small is never pinned.
+const SMALL: usize = PIN_MIN;
 
 impl Region {
     /// `len` bytes of fresh anonymous memory. From 2 MiB on, aligned to
@@ -85,6 +92,16 @@ impl Region {
     /// pinning memory the first suspend reads into cost 0.3-0.6 s per GiB
     /// in 4 KiB pages.
     fn new(len: usize) -> Option<Region> {
+        if len < SMALL {
+            let layout = std::alloc::Layout::from_size_align(len.max(1), PAGE).ok()?;
+            // SAFETY: a non-zero size and a valid alignment.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            return (!p.is_null()).then_some(Region {
+                addr: p as usize,
+                len,
+                heap: true,
+            });
+        }
         let huge = len >= HUGE;
         let map = if huge { len + HUGE } else { len };
         // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
@@ -103,7 +120,11 @@ impl Region {
         }
         let start = p as usize;
         if !huge {
-            return Some(Region { addr: start, len });
+            return Some(Region {
+                addr: start,
+                len,
+                heap: false,
+            });
         }
         let addr = start.next_multiple_of(HUGE);
         // SAFETY: the head and tail of the mapping just made, outside
@@ -118,13 +139,25 @@ impl Region {
             }
             libc::madvise(addr as *mut c_void, len, libc::MADV_HUGEPAGE);
         }
-        Some(Region { addr, len })
+        Some(Region {
+            addr,
+            len,
+            heap: false,
+        })
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
         unpin(self.addr);
+        if self.heap {
+            let layout = std::alloc::Layout::from_size_align(self.len.max(1), PAGE)
+                .expect("the layout `new` allocated with");
+            // SAFETY: the allocation made in `new` with this layout, which
+            // nothing refers to any more.
+            unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
+            return;
+        }
         // SAFETY: the mapping made in `new`, which nothing refers to any more
         // (the pin, the only vendor reference to it, is gone).
         unsafe { libc::munmap(self.addr as *mut c_void, self.len) };

@@ -663,14 +663,28 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
             return Err(CL_INVALID_VALUE);
         }
         check_map(mem, flags)?;
-        let (ptr, storage) = if mem.flags & CL_MEM_USE_HOST_PTR != 0 {
-            ((mem.host_ptr + off) as *mut u8, None)
-        } else {
-            let s = map_storage(mem, size)?;
-            (s.as_mut_ptr(), Some(s))
+        let storage_for = || -> ClResult<(*mut u8, Option<crate::staging::Staging>)> {
+            Ok(if mem.flags & CL_MEM_USE_HOST_PTR != 0 {
+                ((mem.host_ptr + off) as *mut u8, None)
+            } else {
+                let s = map_storage(mem, size)?;
+                (s.as_mut_ptr(), Some(s))
+            })
         };
         let write = flags & (CL_MAP_WRITE | CL_MAP_WRITE_INVALIDATE_REGION) != 0;
-        if flags & CL_MAP_WRITE_INVALIDATE_REGION != 0 {
+        let invalidate = flags & CL_MAP_WRITE_INVALIDATE_REGION != 0;
+        // A blocking write-invalidate map reads nothing: its memory is taken
+        // once its marker has completed, when the write-back of the map
+        // before it (queued ahead) has finished and returned its memory to
+        // the pool. Taken first, every such map of a large buffer found the
+        // last one's memory still busy and pinned fresh memory (30% of native
+        // at 256 MiB on an H200).
+        let early = if invalidate && blocking != 0 {
+            None
+        } else {
+            Some(storage_for()?)
+        };
+        if invalidate {
             // Nothing to read: a marker carries the wait list and the event;
             // a blocking map returns once it has completed, as natively (and
             // the write-back of an earlier map has then freed its memory).
@@ -702,9 +716,10 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 Ok(waited)
             })?;
         } else {
+            let ptr = early.as_ref().map_or(std::ptr::null_mut(), |(p, _)| *p);
             run(queue, n, list, ev, CL_COMMAND_MAP_BUFFER, |vq, w, ve| {
                 // SAFETY: reading into memory of `size` bytes crane owns (or the
-                // application's host pointer region).
+                // application's host pointer region), taken above.
                 Ok(unsafe {
                     vfn!(vq, clEnqueueReadBuffer)?(
                         vq,
@@ -720,6 +735,22 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
                 })
             })?;
         }
+        let (ptr, storage) = match early {
+            Some(taken) => taken,
+            None => match storage_for() {
+                Ok(taken) => taken,
+                Err(e) => {
+                    // The map fails: the event its marker returned goes.
+                    if !ev.is_null() {
+                        // SAFETY: the event this call just returned to `ev`.
+                        unsafe { super::clReleaseEvent(*ev) };
+                        // SAFETY: `ev` is the application's out-pointer.
+                        unsafe { *ev = std::ptr::null_mut() };
+                    }
+                    return Err(e);
+                }
+            },
+        };
         mem.maps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
