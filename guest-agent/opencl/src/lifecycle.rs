@@ -55,6 +55,41 @@ pub fn park_storage(vev: *mut c_void, storage: Staging) {
         .push((vev as usize, storage));
 }
 
+/// A parked region `fits` whose write-back was queued on the vendor queue
+/// `vq` (in order: what the caller queues there next runs after it), taken
+/// off the parked list; its memory is free for a command queued behind the
+/// write-back. A 256 MiB read-write map after another found the last one's
+/// memory busy and pinned 256 MiB afresh (44% of native on an H200).
+pub fn take_parked_behind(vq: *mut c_void, fits: impl Fn(&Staging) -> bool) -> Option<Staging> {
+    if vq.is_null() || vendor::remote_session().is_some() {
+        return None;
+    }
+    let mut p = PARKED.lock().unwrap_or_else(|e| e.into_inner());
+    let i = p
+        .iter()
+        .position(|(ev, s)| fits(s) && event_queue(*ev as *mut c_void) == Some(vq as usize))?;
+    let (ev, s) = p.swap_remove(i);
+    // SAFETY: crane's reference to a vendor event it parked.
+    unsafe { vendor::release(ev as *mut c_void, |d| d.clReleaseEvent) };
+    Some(s)
+}
+
+fn event_queue(v: *mut c_void) -> Option<usize> {
+    let mut q: cl_command_queue = std::ptr::null_mut();
+    let f = vfn!(v, clGetEventInfo).ok()?;
+    // SAFETY: one cl_command_queue.
+    let rc = unsafe {
+        f(
+            v.cast(),
+            CL_EVENT_COMMAND_QUEUE,
+            size_of::<cl_command_queue>(),
+            (&raw mut q).cast(),
+            std::ptr::null_mut(),
+        )
+    };
+    (rc == CL_SUCCESS && !q.is_null()).then_some(q as usize)
+}
+
 /// Gives the memory of completed write-backs back to its pools.
 pub fn reap_parked() {
     let freed = reap(&mut PARKED.lock().unwrap_or_else(|e| e.into_inner()));

@@ -239,9 +239,17 @@ pub struct Pool {
 
 impl Pool {
     /// Memory for a map of `len` bytes on `ctx`: an idle region that fits (at
-    /// most twice the size), or a new one; pinned where that applies. None
-    /// when no memory can be mapped.
-    pub fn take(self: &Arc<Pool>, ctx: &Context, len: usize) -> Option<Staging> {
+    /// most twice the size), else one still the source of a write-back queued
+    /// on the in-order vendor queue `behind` (the map's own queue: its read
+    /// or marker runs after that write-back, so the memory is free by then),
+    /// else a new one; pinned where that applies. None when no memory can be
+    /// mapped.
+    pub fn take(
+        self: &Arc<Pool>,
+        ctx: &Context,
+        len: usize,
+        behind: Option<*mut c_void>,
+    ) -> Option<Staging> {
         let want = class(len);
         let find = || {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -258,6 +266,17 @@ impl Pool {
             crate::lifecycle::reap_parked();
             find()
         });
+        if found.is_none()
+            && let Some(vq) = behind
+            && let Some(s) = crate::lifecycle::take_parked_behind(vq, |s| {
+                s.pool.upgrade().is_some_and(|p| Arc::ptr_eq(&p, self))
+                    && s.region
+                        .as_ref()
+                        .is_some_and(|r| r.len >= want && r.len / 2 < want)
+            })
+        {
+            return Some(s);
+        }
         let region = match found {
             Some(r) => r,
             None => Region::new(want)?,

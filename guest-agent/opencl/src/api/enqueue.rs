@@ -577,10 +577,13 @@ pub unsafe extern "C" fn clEnqueueCopyBufferToImage(
 
 /// Memory crane owns behind a mapping, so that the pointer the application
 /// holds survives the vendor library being unloaded (see `staging`).
-fn map_storage(mem: &Mem, size: usize) -> ClResult<crate::staging::Staging> {
+/// Memory for a map of `size` bytes of `mem` whose read or marker goes on
+/// `queue` (see [`crate::staging::Pool::take`]).
+fn map_storage(mem: &Mem, size: usize, queue: &Queue) -> ClResult<crate::staging::Staging> {
+    let in_order = queue.current_properties() & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE == 0;
     mem.context
         .staging
-        .take(&mem.context, size)
+        .take(&mem.context, size, in_order.then(|| queue.base.vendor()))
         .ok_or(CL_OUT_OF_HOST_MEMORY)
 }
 
@@ -667,7 +670,7 @@ pub unsafe extern "C" fn clEnqueueMapBuffer(
             Ok(if mem.flags & CL_MEM_USE_HOST_PTR != 0 {
                 ((mem.host_ptr + off) as *mut u8, None)
             } else {
-                let s = map_storage(mem, size)?;
+                let s = map_storage(mem, size, queue)?;
                 (s.as_mut_ptr(), Some(s))
             })
         };
@@ -923,7 +926,7 @@ pub unsafe extern "C" fn clEnqueueMapImage(
         let (ptr, storage) = match layout.host {
             Some(p) => (p as *mut u8, None),
             None => {
-                let s = map_storage(mem, layout.total)?;
+                let s = map_storage(mem, layout.total, queue)?;
                 (s.as_mut_ptr(), Some(s))
             }
         };
