@@ -44,7 +44,7 @@ def data(args):
         for path, r in n.items():
             t.write(f'"{path}" {o.get(path, float("nan")):.2f} {r:.2f}\n')
         dat = t.name
-    mib = size // 1048576
+    label = f"{size // 1048576} MiB" if size >= 1048576 else f"{size // 1024} KiB"
     cols = (
         f"'{dat}' using 2:xtic(1) title 'before (14f4995)', '' using 3 title 'after'"
         if old
@@ -53,7 +53,7 @@ def data(args):
     gnuplot(
         f"""set terminal pngcairo size 1100,520 font ',10'
 set output '{out}'
-set title "Transfers under crane as % of native speed, {mib} MiB, {new['device']}"
+set title "Transfers under crane as % of native speed, {label}, {new['device']}"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
