@@ -68,8 +68,25 @@ fn main() -> Result<()> {
             None
         }
     };
+    // The proxy supervisor's own connection and toolstack: it runs on a
+    // thread of its own, beside requests that take minutes.
+    let apart = match (SystemStore::open(), Libxl::open(&cfg.xl)) {
+        (Ok(s), Ok(x)) => Some((s, x)),
+        (Err(e), _) => {
+            log::warn!(
+                "no third xenstored connection ({e}); the proxy is supervised between requests only"
+            );
+            None
+        }
+        (_, Err(e)) => {
+            log::warn!(
+                "no second libxl context ({e}); the proxy is supervised between requests only"
+            );
+            None
+        }
+    };
     let service = Service::new(cfg, store, xl, secret, Box::new(connect_check));
-    server::serve(service, listener, tick, wake);
+    server::serve(service, listener, tick, wake, apart);
     Ok(())
 }
 

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crane_libxl::{DomainState, Xl};
@@ -19,7 +20,7 @@ use crate::config::Config;
 use crate::tokens;
 
 /// Checks that crane-proxy answers at `address`.
-pub type HealthCheck = dyn Fn(&str, Duration) -> Result<(), String> + Send;
+pub type HealthCheck = dyn Fn(&str, Duration) -> Result<(), String> + Send + Sync;
 
 /// Connects to `tcp://HOST:PORT` (or `unix:/PATH`): the proxy listens.
 pub fn connect_check(address: &str, timeout: Duration) -> Result<(), String> {
@@ -49,7 +50,10 @@ pub struct ProxySupervisor {
     status: ProxyStatus,
     failures: u32,
     started: Option<Instant>,
-    check: Box<HealthCheck>,
+    check: Arc<HealthCheck>,
+    /// The status as of the last tick, for `crane status` while a tick runs
+    /// on the supervisor's own thread.
+    published: Arc<Mutex<ProxyStatus>>,
     /// The last generation of `crane/proxy-now` published to the guests,
     /// and when.
     told: u64,
@@ -63,18 +67,20 @@ pub struct ProxySupervisor {
 
 impl ProxySupervisor {
     pub fn new(cfg: &Config, check: Box<HealthCheck>) -> ProxySupervisor {
+        let status = ProxyStatus {
+            address: cfg.proxy.address.clone(),
+            domain: (!cfg.proxy.domain.is_empty()).then(|| cfg.proxy.domain.clone()),
+            domid: None,
+            healthy: false,
+            last_error: None,
+            restarts: 0,
+        };
         ProxySupervisor {
-            status: ProxyStatus {
-                address: cfg.proxy.address.clone(),
-                domain: (!cfg.proxy.domain.is_empty()).then(|| cfg.proxy.domain.clone()),
-                domid: None,
-                healthy: false,
-                last_error: None,
-                restarts: 0,
-            },
+            published: Arc::new(Mutex::new(status.clone())),
+            status,
             failures: 0,
             started: None,
-            check,
+            check: Arc::from(check),
             told: 0,
             told_at: None,
             held: None,
@@ -131,8 +137,13 @@ impl ProxySupervisor {
     }
 
     /// The health check, for a check on demand (before a remote move).
-    pub fn checker(&self) -> &HealthCheck {
-        &*self.check
+    pub fn checker(&self) -> Arc<HealthCheck> {
+        self.check.clone()
+    }
+
+    /// The status each tick publishes, readable while the next one runs.
+    pub fn published(&self) -> Arc<Mutex<ProxyStatus>> {
+        self.published.clone()
     }
 
     fn error(&mut self, e: String) {
@@ -222,6 +233,7 @@ impl ProxySupervisor {
             // Booting still: the processes waiting for it wait anew.
             self.tell_guests(store, xl, cfg, secret, "the proxy domain is still starting");
         }
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = self.status.clone();
     }
 
     /// [`tick`](Self::tick) without telling the guests.

@@ -2,7 +2,10 @@
 //! thread per connection (at most [`MAX_CONNECTIONS`] at once), a request
 //! line that must arrive within [`REQUEST_DEADLINE`], requests carried out
 //! one at a time, progress lines written as phases start. The supervision
-//! loop runs beside it on the same service. `status` does not wait behind a
+//! loop runs beside it on the same service; the proxy supervisor, given a
+//! XenStore connection and toolstack of its own, on a thread of its own, so
+//! that a request that takes minutes does not leave the proxy domain
+//! unattended. `status` does not wait behind a
 //! long migration: it answers from the last snapshot when the service is
 //! busy.
 
@@ -39,6 +42,9 @@ pub enum ServerError {
 struct Shared<S, X> {
     service: Mutex<Service<S, X>>,
     snapshot: Mutex<Option<Status>>,
+    /// The proxy supervisor's status as of its last tick: fresher than the
+    /// snapshot's while a request runs.
+    proxy: Arc<Mutex<craned_control::ProxyStatus>>,
     connections: AtomicUsize,
 }
 
@@ -68,17 +74,42 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServerError> {
 /// Serves `listener` and runs the supervision loop every `tick` until the
 /// process ends; with `wake` (a XenStore connection of its own), also as
 /// soon as a request appears under dom0's request tree (the XenStore
-/// trigger).
+/// trigger). With `apart` (a XenStore connection and a toolstack of its
+/// own), the proxy supervisor ticks on its own thread.
 pub fn serve<S, X>(
-    service: Service<S, X>,
+    mut service: Service<S, X>,
     listener: UnixListener,
     tick: Duration,
     wake: Option<Box<dyn XsWatch + Send>>,
+    apart: Option<(S, X)>,
 ) where
     S: XenStore + Send + 'static,
     X: Xl + Send + 'static,
 {
+    if let Some((store, xl)) = apart
+        && let Some((mut sup, cfg, secret)) = service.take_proxy()
+    {
+        let spawned = std::thread::Builder::new()
+            .name("proxy-supervisor".into())
+            .spawn(move || {
+                loop {
+                    let ticked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        sup.tick(&store, &xl, &cfg, secret.as_deref());
+                    }));
+                    if ticked.is_err() {
+                        limited!(log::Level::Error, "proxy supervisor: a tick panicked");
+                    }
+                    std::thread::sleep(tick);
+                }
+            });
+        if let Err(e) = spawned {
+            log::error!(
+                "cannot start the proxy supervisor's thread: {e}; the proxy is not supervised"
+            );
+        }
+    }
     let shared = Arc::new(Shared {
+        proxy: service.proxy_status(),
         service: Mutex::new(service),
         snapshot: Mutex::new(None),
         connections: AtomicUsize::new(0),
@@ -212,8 +243,13 @@ fn status<S: XenStore, X: Xl>(shared: &Shared<S, X>) -> Done {
             }
             Err(TryLockError::WouldBlock) => {
                 return match lock(&shared.snapshot).clone() {
-                    Some(s) => Done {
-                        status: Some(s),
+                    Some(mut s) => Done {
+                        status: Some({
+                            if s.proxy.is_some() {
+                                s.proxy = Some(lock(&shared.proxy).clone());
+                            }
+                            s
+                        }),
                         error: Some("craned is busy; this status is from before".into()),
                         ..Done::ok()
                     },
@@ -260,7 +296,7 @@ mod tests {
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
-        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None));
+        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None, None));
 
         let mut phases = Vec::new();
         let req = Request::PreMigrate {
@@ -305,6 +341,94 @@ mod tests {
         raw.write_all(b"{\"cmd\":\"explode\"}\n").unwrap();
         let line = read_line(&mut BufReader::new(raw)).unwrap().unwrap();
         assert!(line.contains("not a valid request"), "{line}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// While a request waits minutes for an agent (here a paused one), the
+    /// proxy supervisor ticks on its own thread: the proxy domain destroyed
+    /// meanwhile is created again before the request ends. Supervised only
+    /// between requests, it stayed gone (and the recreated domain paused
+    /// without its GPU) for as long as the request took (e2e, the proxy
+    /// domain destroyed during a migration).
+    #[test]
+    fn the_proxy_is_supervised_while_a_request_waits_for_an_agent() {
+        let store = MemStore::new();
+        let xl = FakeXl::default();
+        xl.add_domain("g1", 3, &[gpu("0000:00:05.0")]);
+        xl.create_makes("proxy");
+        store.introduce(3);
+        let agent = FakeAgent::start(&store, 3, GuestState::Passthrough, OnMigrate::Detach);
+        agent.pause(true);
+        let mut cfg = Config {
+            guests: vec!["g1".into()],
+            agent_timeout_ms: 4_000,
+            ..Config::default()
+        };
+        cfg.gpus.pool = vec![gpu("0000:00:05.0")];
+        cfg.proxy.address = "tcp://10.77.0.2:7000".into();
+        cfg.proxy.domain = "proxy".into();
+        cfg.proxy.gpu = Some(gpu("0000:00:07.0"));
+        cfg.proxy.boot_grace_ms = 0;
+        let svc = Service::new(
+            cfg,
+            store.connect(0),
+            xl.clone(),
+            None,
+            Box::new(|_: &str, _| Ok(())),
+        );
+        let dir = std::env::temp_dir().join(format!("craned-apart-{}", std::process::id()));
+        let path = dir.join("craned.sock");
+        let listener = bind(&path).unwrap();
+        let apart = Some((store.connect(0), xl.clone()));
+        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None, apart));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let proxy = loop {
+            if let Ok(Some(d)) = xl.domid("proxy") {
+                break d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy domain was never created"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+
+        let p = path.clone();
+        let request = std::thread::spawn(move || {
+            let req = Request::PreMigrate {
+                guest: "g1".into(),
+                dest: "host1".into(),
+                mode: Mode::StopAndCopy,
+            };
+            call(&p, &req, Duration::from_secs(30), |_| {}).unwrap()
+        });
+        // The request waits for the paused agent; the proxy domain goes.
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!request.is_finished());
+        xl.remove_domain(proxy);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            if xl.domid("proxy").unwrap().is_some_and(|d| d != proxy) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the proxy domain was not created again while the request ran"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!request.is_finished(), "the request ended before the check");
+        assert_eq!(xl.created().len(), 2);
+        // `status` answers from the service's snapshot meanwhile, the proxy's
+        // part from the supervisor's last tick.
+        let st = call(&path, &Request::Status, Duration::from_secs(5), |_| {})
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(st.proxy.unwrap().restarts, 1);
+        let done = request.join().unwrap();
+        assert!(!done.ok, "the paused agent cannot have answered: {done:?}");
+        agent.pause(false);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -4,12 +4,13 @@
 //! crate::migrate). The server serialises requests and supervision ticks.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use crane_libxl::{PciAddr, Xl};
 use crane_xs::XenStore;
 use crane_xs::dom0::GuestChannel;
 use crane_xs::layout::{PROTOCOL, absolute};
-use craned_control::{AppMode, Domain, Done, GpuStatus, GuestStatus, Request, Status};
+use craned_control::{AppMode, Domain, Done, GpuStatus, GuestStatus, ProxyStatus, Request, Status};
 
 use crate::admin::Job;
 use crate::config::Config;
@@ -24,7 +25,13 @@ pub struct Service<S, X> {
     pub(crate) store: S,
     pub(crate) xl: X,
     pub(crate) secret: Option<Vec<u8>>,
-    pub(crate) proxy: ProxySupervisor,
+    /// The proxy supervisor, ticked with the service; None once it runs on
+    /// a thread of its own ([`Service::take_proxy`]).
+    pub(crate) proxy: Option<ProxySupervisor>,
+    /// Its health check, for the check before a remote move.
+    proxy_check: Arc<HealthCheck>,
+    /// Its status as of its last tick.
+    proxy_status: Arc<Mutex<ProxyStatus>>,
     /// Each guest's latest outcomes, newest last, for `crane status`.
     pub(crate) last: BTreeMap<String, VecDeque<String>>,
     /// Runs `xl migrate` for the XenStore trigger.
@@ -66,16 +73,33 @@ impl<S: XenStore, X: Xl> Service<S, X> {
         let proxy = ProxySupervisor::new(&cfg, check);
         let transfers = Box::new(XlTransfers { xl: cfg.xl.clone() });
         Service {
+            proxy_check: proxy.checker(),
+            proxy_status: proxy.published(),
             cfg,
             store,
             xl,
             secret,
-            proxy,
+            proxy: Some(proxy),
             last: BTreeMap::new(),
             transfers,
             jobs: BTreeMap::new(),
             unattended: None,
         }
+    }
+
+    /// Takes the proxy supervisor out of the service's ticks, with what it
+    /// needs, to tick it on a thread of its own ([`crate::server::serve`]):
+    /// the service's ticks wait while a request runs (a migration waiting
+    /// minutes for an agent), and the proxy domain must be looked after
+    /// meanwhile. `status` and the check before a remote move keep working.
+    pub fn take_proxy(&mut self) -> Option<(ProxySupervisor, Config, Option<Vec<u8>>)> {
+        let p = self.proxy.take()?;
+        Some((p, self.cfg.clone(), self.secret.clone()))
+    }
+
+    /// The proxy supervisor's status as each of its ticks leaves it.
+    pub fn proxy_status(&self) -> Arc<Mutex<ProxyStatus>> {
+        self.proxy_status.clone()
     }
 
     /// Replaces how XenStore-triggered transfers run (unit tests).
@@ -103,7 +127,7 @@ impl<S: XenStore, X: Xl> Service<S, X> {
             progress,
         );
         if proxy_check {
-            m.with_proxy_check(self.proxy.checker())
+            m.with_proxy_check(&*self.proxy_check)
         } else {
             m
         }
@@ -205,8 +229,9 @@ impl<S: XenStore, X: Xl> Service<S, X> {
     /// One supervision period: the proxy, the keys of guests that started
     /// meanwhile, and unfinished journal entries.
     pub fn tick(&mut self, owner_alive: &dyn Fn(u32) -> bool) {
-        self.proxy
-            .tick(&self.store, &self.xl, &self.cfg, self.secret.as_deref());
+        if let Some(p) = self.proxy.as_mut() {
+            p.tick(&self.store, &self.xl, &self.cfg, self.secret.as_deref());
+        }
         self.set_up_guests();
         let taken = self.unattended.take();
         let mut quiet = |_: &str, _: Option<String>| {};
@@ -373,8 +398,13 @@ impl<S: XenStore, X: Xl> Service<S, X> {
                 }
             })
             .collect();
-        let proxy = (!self.cfg.proxy.address.is_empty() || !self.cfg.proxy.domain.is_empty())
-            .then(|| self.proxy.status().clone());
+        let proxy =
+            (!self.cfg.proxy.address.is_empty() || !self.cfg.proxy.domain.is_empty()).then(|| {
+                self.proxy_status
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            });
         Status {
             guests,
             gpus,
