@@ -594,13 +594,22 @@ fn run_once(
     };
     let wall = t.elapsed();
     stop.store(true, Ordering::Relaxed);
-    let injected = injector
+    let mut injected: Injected = injector
         .map(|h| h.join().unwrap_or_default())
         .unwrap_or_default();
     // Anything the suite left in its process group goes with it.
     // SAFETY: as above.
     unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-    drop(proxy);
+    // crane-proxy must outlive the run: one that died is a defect even when
+    // the application carried on (a move to it is then refused, and the
+    // process stays local).
+    if let Some(mut p) = proxy
+        && let Some(st) = p.child.try_wait()?
+    {
+        injected.errors.push(format!(
+            "crane-proxy died during the run ({st}); its log is kept"
+        ));
+    }
     let text = String::from_utf8_lossy(&std::fs::read(&log)?).into_owned();
     let (started, mut outcomes) = parse_log(&text, all);
     if let Some(file) = parse_results_file(&results) {
