@@ -22,7 +22,7 @@ fn home(prefix: &str) -> Option<(&'static str, Vec<String>)> {
     let test = |t: &str| vec!["--test".to_string(), t.to_string()];
     Some(match prefix {
         "daemon" | "apps" => ("crane-agent", lib()),
-        "migrate" | "admin" | "proxy" => ("craned", lib()),
+        "migrate" | "admin" | "proxy" | "server" => ("craned", lib()),
         "wrapper" => ("crane-xl", test("wrapper")),
         "remote" | "proxy_death" | "bad_input" | "corpus" | "devices" => {
             ("crane-opencl", test(prefix))
