@@ -935,4 +935,47 @@ mod tests {
             GuestState::Passthrough
         );
     }
+
+    /// crane-agent killed during the move back: some processes were back in
+    /// passthrough when it died (a move back runs in the process and ends
+    /// there whatever happens to the agent), others still on crane-proxy;
+    /// craned's prepare-resume goes untaken and is posted again. The agent
+    /// started again takes it, leaves the processes already home as they
+    /// are and brings the others back: `Resumed`, every process in
+    /// passthrough.
+    #[test]
+    fn an_agent_killed_during_the_move_back_finishes_it_when_restarted() {
+        let mut r = rig("killed-moving-back");
+        let home = r.app(Behaviour::Obedient);
+        let away = r.app(Behaviour::Obedient);
+        let ch = r.ch();
+        {
+            let mut d = r.daemon(r.modules.clone(), true);
+            assert_eq!(
+                ask(&ch, &mut d, remote()).1.outcome,
+                Outcome::ReadyForDetach
+            );
+            assert_eq!((r.mode(home), r.mode(away)), (Mode::Remote, Mode::Remote));
+        }
+        // The agent died after the first process was back, its request
+        // unanswered; craned posts prepare-resume again.
+        *r.apps
+            .iter()
+            .find(|a| a.pid == home)
+            .unwrap()
+            .mode
+            .lock()
+            .unwrap() = Mode::Passthrough;
+        let mut d = r.daemon(r.modules.clone(), true);
+        let (req, resp) = ask(&ch, &mut d, Op::RESUME);
+        assert_eq!((resp.seq, resp.outcome), (req.seq, Outcome::Resumed));
+        assert_eq!(
+            (r.mode(home), r.mode(away)),
+            (Mode::Passthrough, Mode::Passthrough)
+        );
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+    }
 }
