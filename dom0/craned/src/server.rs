@@ -269,6 +269,33 @@ mod tests {
     use crane_xs::message::GuestState;
     use craned_control::{Mode, call};
     use std::io::Write;
+    use std::path::PathBuf;
+
+    /// A service over `store` and `xl` with `cfg` (no secret, a proxy that
+    /// always answers), served every 50 ms on a socket in a fresh folder
+    /// named after `name`; with `apart`, its proxy supervisor on a thread of
+    /// its own. Returns the folder and the socket's path.
+    fn serving(
+        name: &str,
+        cfg: Config,
+        store: &MemStore,
+        xl: &FakeXl,
+        apart: bool,
+    ) -> (PathBuf, PathBuf) {
+        let svc = Service::new(
+            cfg,
+            store.connect(0),
+            xl.clone(),
+            None,
+            Box::new(|_: &str, _| Ok(())),
+        );
+        let dir = std::env::temp_dir().join(format!("craned-{name}-{}", std::process::id()));
+        let path = dir.join("craned.sock");
+        let listener = bind(&path).unwrap();
+        let apart = apart.then(|| (store.connect(0), xl.clone()));
+        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None, apart));
+        (dir, path)
+    }
 
     #[test]
     fn the_socket_serves_requests_with_progress_and_refuses_garbage() {
@@ -282,21 +309,11 @@ mod tests {
             ..Config::default()
         };
         cfg.gpus.pool = vec![gpu("0000:00:05.0")];
-        let svc = Service::new(
-            cfg,
-            store.connect(0),
-            xl.clone(),
-            None,
-            Box::new(|_: &str, _| Ok(())),
-        );
-        let dir = std::env::temp_dir().join(format!("craned-server-{}", std::process::id()));
-        let path = dir.join("craned.sock");
-        let listener = bind(&path).unwrap();
+        let (dir, path) = serving("server", cfg, &store, &xl, false);
         assert_eq!(
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
-        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None, None));
 
         let mut phases = Vec::new();
         let req = Request::PreMigrate {
@@ -369,18 +386,7 @@ mod tests {
         cfg.proxy.domain = "proxy".into();
         cfg.proxy.gpu = Some(gpu("0000:00:07.0"));
         cfg.proxy.boot_grace_ms = 0;
-        let svc = Service::new(
-            cfg,
-            store.connect(0),
-            xl.clone(),
-            None,
-            Box::new(|_: &str, _| Ok(())),
-        );
-        let dir = std::env::temp_dir().join(format!("craned-apart-{}", std::process::id()));
-        let path = dir.join("craned.sock");
-        let listener = bind(&path).unwrap();
-        let apart = Some((store.connect(0), xl.clone()));
-        std::thread::spawn(move || serve(svc, listener, Duration::from_millis(50), None, apart));
+        let (dir, path) = serving("apart", cfg, &store, &xl, true);
         let deadline = Instant::now() + Duration::from_secs(5);
         let proxy = loop {
             if let Ok(Some(d)) = xl.domid("proxy") {

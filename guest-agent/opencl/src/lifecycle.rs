@@ -75,19 +75,9 @@ pub fn take_parked_behind(vq: *mut c_void, fits: impl Fn(&Staging) -> bool) -> O
 }
 
 fn event_queue(v: *mut c_void) -> Option<usize> {
-    let mut q: cl_command_queue = std::ptr::null_mut();
-    let f = vfn!(v, clGetEventInfo).ok()?;
-    // SAFETY: one cl_command_queue.
-    let rc = unsafe {
-        f(
-            v.cast(),
-            CL_EVENT_COMMAND_QUEUE,
-            size_of::<cl_command_queue>(),
-            (&raw mut q).cast(),
-            std::ptr::null_mut(),
-        )
-    };
-    (rc == CL_SUCCESS && !q.is_null()).then_some(q as usize)
+    // SAFETY: CL_EVENT_COMMAND_QUEUE is a cl_command_queue.
+    let q: cl_command_queue = unsafe { event_info(v, CL_EVENT_COMMAND_QUEUE) }?;
+    (!q.is_null()).then_some(q as usize)
 }
 
 /// Gives the memory of completed write-backs back to its pools.
@@ -114,19 +104,28 @@ fn reap(p: &mut Vec<(usize, Staging)>) -> Vec<Staging> {
 }
 
 fn event_status(v: *mut c_void) -> Option<cl_int> {
-    let mut s: cl_int = 0;
+    // SAFETY: CL_EVENT_COMMAND_EXECUTION_STATUS is a cl_int.
+    unsafe { event_info(v, CL_EVENT_COMMAND_EXECUTION_STATUS) }
+}
+
+/// Vendor event `v`'s `param`, a value of type `T`.
+///
+/// # Safety
+/// `T` must be `param`'s type; `v` a live vendor event.
+unsafe fn event_info<T: Default>(v: *mut c_void, param: cl_event_info) -> Option<T> {
+    let mut out = T::default();
     let f = vfn!(v, clGetEventInfo).ok()?;
-    // SAFETY: one cl_int.
+    // SAFETY: `out` holds one `T`, the caller's type for `param`.
     let rc = unsafe {
         f(
             v.cast(),
-            CL_EVENT_COMMAND_EXECUTION_STATUS,
-            4,
-            (&raw mut s).cast(),
+            param,
+            size_of::<T>(),
+            (&raw mut out).cast(),
             std::ptr::null_mut(),
         )
     };
-    (rc == CL_SUCCESS).then_some(s)
+    (rc == CL_SUCCESS).then_some(out)
 }
 
 struct Timer {

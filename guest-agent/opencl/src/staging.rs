@@ -81,10 +81,34 @@ fn class(len: usize) -> usize {
 struct Region {
     addr: usize,
     len: usize,
-    /// Allocated on the heap (below [`SMALL`]) rather than mapped.
-    heap: bool,
-    /// A slot of a slab (small map memory): given back to it when dropped.
-    slot: Option<(Arc<Slab>, usize)>,
+    backing: Backing,
+}
+
+/// Where a region's memory comes from, and so where it goes when dropped.
+enum Backing {
+    /// A mapping of its own: unpinned and unmapped.
+    Mapped,
+    /// The heap (below [`SMALL`]): unpinned and freed.
+    Heap,
+    /// Slot `.1` of a slab (small map memory): given back to the slab,
+    /// whose pin stays.
+    Slot(Arc<Slab>, usize),
+}
+
+impl Region {
+    fn mapped(addr: usize, len: usize) -> Region {
+        Region {
+            addr,
+            len,
+            backing: Backing::Mapped,
+        }
+    }
+
+    /// Whether this region serves a map of class `want`: big enough, at
+    /// most twice as big.
+    fn serves(&self, want: usize) -> bool {
+        self.len >= want && self.len / 2 < want
+    }
 }
 
 /// One pinned mapping cut into slots of one size, for small maps: the whole
@@ -115,8 +139,7 @@ impl Slab {
         Some(Region {
             addr,
             len: slab.slot,
-            heap: false,
-            slot: Some((slab.clone(), i)),
+            backing: Backing::Slot(slab.clone(), i),
         })
     }
 }
@@ -129,7 +152,10 @@ const SMALL: usize = PIN_MIN;
 impl Region {
     /// The region whose pin covers this one: its slab's for a slot.
     fn pinned(&self) -> &Region {
-        self.slot.as_ref().map_or(self, |(slab, _)| &slab.region)
+        match &self.backing {
+            Backing::Slot(slab, _) => &slab.region,
+            _ => self,
+        }
     }
 
     /// `len` bytes of fresh anonymous memory. From 2 MiB on, aligned to
@@ -144,8 +170,7 @@ impl Region {
             return (!p.is_null()).then_some(Region {
                 addr: p as usize,
                 len,
-                heap: true,
-                slot: None,
+                backing: Backing::Heap,
             });
         }
         let huge = len >= HUGE;
@@ -166,12 +191,7 @@ impl Region {
         }
         let start = p as usize;
         if !huge {
-            return Some(Region {
-                addr: start,
-                len,
-                heap: false,
-                slot: None,
-            });
+            return Some(Region::mapped(start, len));
         }
         let addr = start.next_multiple_of(HUGE);
         // SAFETY: the head and tail of the mapping just made, outside
@@ -186,34 +206,32 @@ impl Region {
             }
             libc::madvise(addr as *mut c_void, len, libc::MADV_HUGEPAGE);
         }
-        Some(Region {
-            addr,
-            len,
-            heap: false,
-            slot: None,
-        })
+        Some(Region::mapped(addr, len))
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        if let Some((slab, i)) = self.slot.take() {
-            // The slab's pin stays (slot 0 shares its address).
-            slab.free.lock().unwrap_or_else(|e| e.into_inner()).push(i);
-            return;
+        match &self.backing {
+            Backing::Slot(slab, i) => {
+                // The slab's pin stays (slot 0 shares its address).
+                slab.free.lock().unwrap_or_else(|e| e.into_inner()).push(*i);
+            }
+            Backing::Heap => {
+                unpin(self.addr);
+                let layout = std::alloc::Layout::from_size_align(self.len.max(1), PAGE)
+                    .expect("the layout `new` allocated with");
+                // SAFETY: the allocation made in `new` with this layout,
+                // which nothing refers to any more.
+                unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
+            }
+            Backing::Mapped => {
+                unpin(self.addr);
+                // SAFETY: the mapping made in `new`, which nothing refers to
+                // any more (the pin, the only vendor reference to it, is gone).
+                unsafe { libc::munmap(self.addr as *mut c_void, self.len) };
+            }
         }
-        unpin(self.addr);
-        if self.heap {
-            let layout = std::alloc::Layout::from_size_align(self.len.max(1), PAGE)
-                .expect("the layout `new` allocated with");
-            // SAFETY: the allocation made in `new` with this layout, which
-            // nothing refers to any more.
-            unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
-            return;
-        }
-        // SAFETY: the mapping made in `new`, which nothing refers to any more
-        // (the pin, the only vendor reference to it, is gone).
-        unsafe { libc::munmap(self.addr as *mut c_void, self.len) };
     }
 }
 
@@ -311,7 +329,7 @@ impl Pool {
             let best = idle
                 .iter()
                 .enumerate()
-                .filter(|(_, r)| r.len >= want && r.len / 2 < want)
+                .filter(|(_, r)| r.serves(want))
                 .min_by_key(|(_, r)| r.len)
                 .map(|(i, _)| i);
             best.map(|i| idle.swap_remove(i))
@@ -325,9 +343,7 @@ impl Pool {
             && let Some(vq) = behind
             && let Some(s) = crate::lifecycle::take_parked_behind(vq, |s| {
                 s.pool.upgrade().is_some_and(|p| Arc::ptr_eq(&p, self))
-                    && s.region
-                        .as_ref()
-                        .is_some_and(|r| r.len >= want && r.len / 2 < want)
+                    && s.region.as_ref().is_some_and(|r| r.serves(want))
             })
         {
             return Some(s);

@@ -139,12 +139,12 @@ fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The path of this library, so that discovery does not wrap crane itself.
-pub(crate) fn own_path() -> Option<PathBuf> {
+/// The file of the loaded object that holds `addr`, as the dynamic linker
+/// names it.
+fn object_file(addr: *const c_void) -> Option<PathBuf> {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
     // SAFETY: dladdr fills `info` for an address inside a loaded object.
-    let ok = unsafe { libc::dladdr(own_path as *const c_void, info.as_mut_ptr()) };
-    if ok == 0 {
+    if unsafe { libc::dladdr(addr, info.as_mut_ptr()) } == 0 {
         return None;
     }
     // SAFETY: dladdr succeeded, so dli_fname is a valid C string (or null).
@@ -154,7 +154,33 @@ pub(crate) fn own_path() -> Option<PathBuf> {
     }
     // SAFETY: checked non-null above.
     let p = unsafe { CStr::from_ptr(info.dli_fname) };
-    std::fs::canonicalize(Path::new(std::str::from_utf8(p.to_bytes()).ok()?)).ok()
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(p.to_bytes())))
+}
+
+/// The path of this library, so that discovery does not wrap crane itself.
+pub(crate) fn own_path() -> Option<PathBuf> {
+    std::fs::canonicalize(object_file(own_path as *const c_void)?).ok()
+}
+
+/// Symbol `name` of an already loaded `libOpenCL.so.1` (null if none is
+/// loaded or it lacks the symbol), found even where the application opened
+/// it with `RTLD_LOCAL`.
+fn loaded_libopencl_symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: RTLD_NOLOAD only looks up an object already loaded.
+    let h = unsafe {
+        libc::dlopen(
+            c"libOpenCL.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        )
+    };
+    if h.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `h` is a live handle; dlclose drops the reference RTLD_NOLOAD took.
+    let p = unsafe { libc::dlsym(h, name.as_ptr()) };
+    // SAFETY: as above.
+    unsafe { libc::dlclose(h) };
+    p
 }
 
 fn is_crane(path: &str, own: Option<&Path>) -> bool {
@@ -182,20 +208,7 @@ pub fn behind_icd_loader() -> bool {
     if !global.is_null() {
         return global != ours;
     }
-    // SAFETY: RTLD_NOLOAD only looks up an object already loaded.
-    let h = unsafe {
-        libc::dlopen(
-            c"libOpenCL.so.1".as_ptr(),
-            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-        )
-    };
-    if h.is_null() {
-        return false;
-    }
-    // SAFETY: `h` is a live handle; dlclose drops the reference RTLD_NOLOAD took.
-    let theirs = unsafe { libc::dlsym(h, name.as_ptr()) };
-    // SAFETY: as above.
-    unsafe { libc::dlclose(h) };
+    let theirs = loaded_libopencl_symbol(name);
     !theirs.is_null() && theirs != ours
 }
 
@@ -287,41 +300,14 @@ enum LoaderKind {
 fn loader_file() -> Option<PathBuf> {
     let ours = crate::api::platform::clGetPlatformIDs as *mut c_void;
     let name = c"clGetPlatformIDs";
-    let mut found = [libc::RTLD_NEXT, libc::RTLD_DEFAULT]
+    let found = [libc::RTLD_NEXT, libc::RTLD_DEFAULT]
         .into_iter()
         // SAFETY: dlsym with pseudo-handles and a C string; RTLD_NEXT looks
         // in the objects after crane's.
         .map(|h| unsafe { libc::dlsym(h, name.as_ptr()) })
-        .find(|&p| !p.is_null() && p != ours);
-    if found.is_none() {
-        // SAFETY: RTLD_NOLOAD only looks up an object already loaded.
-        let h = unsafe {
-            libc::dlopen(
-                c"libOpenCL.so.1".as_ptr(),
-                libc::RTLD_LAZY | libc::RTLD_NOLOAD,
-            )
-        };
-        if !h.is_null() {
-            // SAFETY: `h` is a live handle.
-            let p = unsafe { libc::dlsym(h, name.as_ptr()) };
-            // SAFETY: drops the reference RTLD_NOLOAD took.
-            unsafe { libc::dlclose(h) };
-            found = (!p.is_null() && p != ours).then_some(p);
-        }
-    }
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    // SAFETY: dladdr fills `info` for an address inside a loaded object.
-    if unsafe { libc::dladdr(found?, info.as_mut_ptr()) } == 0 {
-        return None;
-    }
-    // SAFETY: dladdr succeeded, so dli_fname is a valid C string (or null).
-    let info = unsafe { info.assume_init() };
-    if info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: checked non-null above.
-    let p = unsafe { CStr::from_ptr(info.dli_fname) };
-    Some(PathBuf::from(std::ffi::OsStr::from_bytes(p.to_bytes())))
+        .chain(std::iter::once_with(|| loaded_libopencl_symbol(name)))
+        .find(|&p| !p.is_null() && p != ours)?;
+    object_file(found)
 }
 
 /// Which kind of loader `file` is: one that reads `OCL_ICD_FILENAMES` names
