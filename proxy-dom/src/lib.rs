@@ -16,6 +16,7 @@ pub mod xs_tokens;
 
 mod api;
 mod conn;
+mod lanes;
 pub mod output;
 mod pinned;
 mod pool;

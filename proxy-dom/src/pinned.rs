@@ -72,6 +72,12 @@ impl Budget {
         Self::within(*CONFIGURED, max_mem_bytes)
     }
 
+    /// A budget of `bytes` for the whole proxy (lanes' staging); None below
+    /// one chunk.
+    pub fn fixed(bytes: u64) -> Option<Arc<Budget>> {
+        Self::within(bytes, u64::MAX)
+    }
+
     /// A budget of `configured` bytes, at most `max_mem_bytes`; None below
     /// one chunk.
     fn within(configured: u64, max_mem_bytes: u64) -> Option<Arc<Budget>> {
@@ -195,6 +201,11 @@ impl Pool {
             },
             free: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// The most bytes the pool's budget lets it pin.
+    pub fn budget_limit(&self) -> u64 {
+        self.ctx.budget.limit
     }
 
     /// A pinned buffer for `len` bytes, or None (too large, the budget

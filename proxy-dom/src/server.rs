@@ -115,6 +115,8 @@ pub(crate) struct Shared {
     stopping: AtomicBool,
     /// Host bytes held for transfers in flight, over all sessions.
     pub staging: Arc<AtomicU64>,
+    /// Sessions that asked for lanes, by session id (`crate::lanes`).
+    pub lanes: Mutex<HashMap<u64, Arc<crate::lanes::Lanes>>>,
 }
 
 impl Shared {
@@ -221,7 +223,15 @@ impl Proxy {
             panics: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             staging: Arc::default(),
+            lanes: Mutex::new(HashMap::new()),
         });
+        // Pinned staging for lanes, made now rather than in a move's stop.
+        {
+            let shared = shared.clone();
+            let _ = std::thread::Builder::new()
+                .name("crane-lane-warm".into())
+                .spawn(move || crate::lanes::warm_up(&shared));
+        }
         let mut acceptors = Vec::new();
         for (l, b) in listeners.into_iter().zip(&bound) {
             let shared = shared.clone();

@@ -78,6 +78,17 @@ pub struct Config {
     /// (`TCP_USER_TIMEOUT`). Longer than the network's darkness at the end
     /// of a live migration.
     pub remote_dead_after_s: u64,
+    /// `CRANE_REMOTE_LANES` (default 4, at most 8; 0: none): the extra
+    /// connections a move to crane-proxy sends the buffers' contents over,
+    /// side by side with its own (one carries ~3 GB/s; `remote::lanes`).
+    pub remote_lanes: u32,
+    /// `CRANE_REMOTE_LANES_MIN` (bytes, default 32 MiB): below this much to
+    /// re-inject, a move uses its own connection alone (lanes cost a round
+    /// trip and a connection each).
+    pub remote_lanes_min: u64,
+    /// `CRANE_REMOTE_LANE_PIECE` (bytes, default 4 MiB, 64 KiB to 16 MiB):
+    /// the pieces a buffer is cut into over the lanes.
+    pub remote_lane_piece: usize,
 }
 
 pub fn get() -> &'static Config {
@@ -135,6 +146,20 @@ pub fn get() -> &'static Config {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .unwrap_or(60)
                 .max(1),
+            remote_lanes: std::env::var("CRANE_REMOTE_LANES")
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .unwrap_or(4)
+                .min(crane_wire::MAX_LANES),
+            remote_lanes_min: std::env::var("CRANE_REMOTE_LANES_MIN")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(32 << 20),
+            remote_lane_piece: std::env::var("CRANE_REMOTE_LANE_PIECE")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(crane_wire::LANE_PIECE as usize)
+                .clamp(64 << 10, crane_wire::LANE_PIECE_MAX as usize),
         }
     })
 }

@@ -1301,6 +1301,7 @@ fn reopen() {
 fn rebuild() -> Result<Vec<Phase>, String> {
     let mut tm = Timer::new();
     let remote = matches!(vendor::target(), Target::Remote { .. });
+    crate::remote::lanes::take_failure();
     let loaded = vendor::load();
     // A device spec is for this attempt only.
     vendor::set_device(None);
@@ -1335,7 +1336,9 @@ fn rebuild() -> Result<Vec<Phase>, String> {
     // Says why a step failed: a broken connection to crane-proxy rather than
     // the error code every call gets after it.
     let failed = |what: &str, e: cl_int| {
-        let broken = vendor::remote_session().and_then(|s| s.broken());
+        let broken = vendor::remote_session()
+            .and_then(|s| s.broken())
+            .or_else(crate::remote::lanes::take_failure);
         let hint = if e == CL_INVALID_BINARY && !moved.is_empty() {
             ": a program the application made from a binary cannot be made on the new device \
              (a binary is for the device it was built for)"
@@ -1408,6 +1411,15 @@ fn rebuild() -> Result<Vec<Phase>, String> {
         bytes: bytes - programs.ahead,
         parallel: false,
     });
+    if programs.lanes > 0 {
+        // Of `reinject`, sent over lanes beside the session's connection.
+        tm.phases.push(Phase {
+            name: "reinject-lanes".into(),
+            ms: 0.0,
+            bytes: programs.lanes,
+            parallel: true,
+        });
+    }
     if programs.ahead > 0 {
         // Written on crane-proxy from what a pre-copy sent ahead (its time
         // is in `reinject`).
@@ -1437,6 +1449,45 @@ struct ProgramStats {
     from_source: usize,
     /// Bytes written on crane-proxy from blobs a pre-copy sent ahead.
     ahead: u64,
+    /// Bytes of it the lanes carried to crane-proxy (`remote::lanes`).
+    lanes: u64,
+}
+
+/// Whether the rebuild's writes go over lanes (`remote::lanes`).
+#[derive(Default)]
+enum LaneState {
+    #[default]
+    NotAsked,
+    Open(crate::remote::lanes::Lanes),
+    None,
+}
+
+/// On crane-proxy: the bytes the rebuild's writes would send over the
+/// session (RAM copies of host-writable buffers, and those a move is still
+/// reading beside the rebuild, less those a pre-copy sent ahead unchanged);
+/// 0 locally or when lanes are off.
+fn lane_bytes(mems: &[Arc<Mem>]) -> u64 {
+    if vendor::remote_session().is_none() || crate::config::get().remote_lanes == 0 {
+        return 0;
+    }
+    let pending = reads().pending.clone();
+    mems.iter()
+        .filter(|m| {
+            matches!(m.kind, MemKind::Buffer)
+                && m.flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS | CL_MEM_USE_HOST_PTR)
+                    == 0
+        })
+        .map(|m| {
+            if pending.contains(&(Arc::as_ptr(m) as usize)) {
+                return m.size as u64;
+            }
+            let sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+            match sh.data() {
+                Some(d) if !crate::remote::ahead::holds(m, sh.generation()) => d.len() as u64,
+                _ => 0,
+            }
+        })
+        .sum()
 }
 
 fn recreate(
@@ -1470,13 +1521,17 @@ fn recreate(
     // Memory: buffers, then objects built on them.
     let mems = handle::live::<Mem>();
     let queues = handle::live::<Queue>();
-    let mut inject = Injection::default();
+    let mut inject = Injection {
+        lane_bytes: lane_bytes(&mems),
+        ..Injection::default()
+    };
     let r = recreate_mems(&mems, &queues, &mut inject, reinjected, reinject_time);
     programs.ahead = inject.ahead;
     let t = Instant::now();
-    inject.finish();
+    let finished = inject.finish().map(|lanes| programs.lanes = lanes);
     *reinject_time += t.elapsed();
     r?;
+    finished?;
     recreate_rest(moved, programs)
 }
 
@@ -1490,6 +1545,10 @@ struct Injection {
     pins: Vec<staging::TempPin>,
     /// Bytes written on crane-proxy from blobs a pre-copy sent ahead.
     ahead: u64,
+    /// On crane-proxy: the bytes the writes would send (lanes are asked for
+    /// at the first write when they are enough), and the lanes.
+    lane_bytes: u64,
+    lanes: LaneState,
 }
 
 impl Injection {
@@ -1502,8 +1561,37 @@ impl Injection {
         Ok(q)
     }
 
-    /// Waits for every write, then unpins and drops crane's own queues.
-    fn finish(self) {
+    /// The lanes of this rebuild, asked for at the first write that could
+    /// use them when the writes are worth it.
+    fn lanes(&mut self, s: &crate::remote::Session) -> Option<&mut crate::remote::lanes::Lanes> {
+        if matches!(self.lanes, LaneState::NotAsked) {
+            let c = crate::config::get();
+            self.lanes = match (self.lane_bytes >= c.remote_lanes_min)
+                .then(|| crate::remote::lanes::Lanes::open(s, c.remote_lanes))
+                .flatten()
+            {
+                Some(l) => LaneState::Open(l),
+                None => LaneState::None,
+            };
+        }
+        match &mut self.lanes {
+            LaneState::Open(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Waits until the lanes have sent everything and for every write, then
+    /// unpins and drops crane's own queues; the bytes the lanes carried. A
+    /// lane that failed fails the rebuild (its writes cannot complete); why
+    /// is kept for the report.
+    fn finish(self) -> ClResult<u64> {
+        let lanes_ok = match self.lanes {
+            LaneState::Open(l) => l.finish().map_err(|why| {
+                crate::remote::lanes::note_failure(why);
+                CL_OUT_OF_RESOURCES
+            }),
+            _ => Ok(0),
+        };
         for &(_, q, _) in &self.queues {
             if let Ok(f) = vfn!(q, clFinish) {
                 // SAFETY: a live vendor queue.
@@ -1517,6 +1605,7 @@ impl Injection {
                 unsafe { vendor::release(q, |d| d.clReleaseCommandQueue) };
             }
         }
+        lanes_ok
     }
 }
 
@@ -1558,6 +1647,21 @@ fn inject_pinned(
         inject.ahead += data.len() as u64;
         return Ok(Some(v));
     }
+    // Over the lanes: in pieces beside the session's own connection, which
+    // carries the writes that take them, in order.
+    if let Some(s) = vendor::remote_session()
+        && inject.lanes(&s).is_some()
+    {
+        let q = inject.queue(&m.context, queues)?;
+        let v = memory::vendor_create(m, None)?;
+        let lanes = inject.lanes(&s).expect("opened above");
+        if let Err(e) = send_over_lanes(&s, lanes, q, v, data) {
+            // SAFETY: the buffer just made.
+            unsafe { vendor::release(v, |d| d.clReleaseMemObject) };
+            return Err(e);
+        }
+        return Ok(Some(v));
+    }
     // On crane-proxy the write goes over the session, whose payload the proxy
     // reads straight into its own pinned staging and copies to the device
     // while the next arrives (a buffer created from the data instead is one
@@ -1596,6 +1700,45 @@ fn inject_pinned(
     }
     inject.pins.extend(pin);
     Ok(Some(v))
+}
+
+/// Writes `data` into the proxy's buffer `v` on queue `q` in pieces over
+/// the lanes: each piece goes on a lane and the write that takes it on the
+/// session's own connection, sent at once (the proxy waits for a piece
+/// only once its write comes; a lane holds few pieces the session has not
+/// written, so the writes must not wait in the batch).
+fn send_over_lanes(
+    s: &crate::remote::Session,
+    lanes: &mut crate::remote::lanes::Lanes,
+    q: *mut c_void,
+    v: *mut c_void,
+    data: &HostBytes,
+) -> ClResult<()> {
+    let piece = crate::config::get().remote_lane_piece;
+    let (queue, buffer) = (crate::remote::id_of(q), crate::remote::id_of(v));
+    let mut offset = 0;
+    while offset < data.len() {
+        let len = piece.min(data.len() - offset);
+        let key = s.new_id();
+        // SAFETY: the RAM copy stays as it is until the lanes have sent
+        // it: the application is stopped for the whole rebuild, which
+        // changes no RAM copy, and `Injection::finish` joins the lanes
+        // before the rebuild returns.
+        if let Err(why) = unsafe { lanes.send(key, &data[offset..offset + len]) } {
+            crate::remote::lanes::note_failure(why);
+            return Err(CL_OUT_OF_RESOURCES);
+        }
+        let call = crane_wire::Call::EnqueueWriteLane {
+            queue,
+            buffer,
+            offset: offset as u64,
+            key,
+            sync: crane_wire::Sync::default(),
+        };
+        s.post(&call, &[], true)?;
+        offset += len;
+    }
+    Ok(())
 }
 
 fn recreate_mems(

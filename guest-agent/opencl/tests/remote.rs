@@ -30,12 +30,33 @@ struct Switched {
     switches: usize,
 }
 
+/// Moves send every buffer over lanes, in pieces of 64 KiB (by default
+/// only moves of 32 MiB or more use them, in pieces of 4 MiB).
+const LANES_ALWAYS: &[(&str, &str)] = &[
+    ("CRANE_REMOTE_LANES_MIN", "1"),
+    ("CRANE_REMOTE_LANE_PIECE", "65536"),
+    ("CRANE_REMOTE_LANES", "3"),
+];
+
 /// Runs `app` under crane and moves it between local and remote at random
 /// moments (now and then through a plain suspend/resume too) until it exits.
 fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> Switched {
+    switching_with(app, iters, seed, proxy, token, &[])
+}
+
+/// [`switching`] with `env` set for the application.
+fn switching_with(
+    app: &str,
+    iters: &str,
+    seed: u64,
+    proxy: &Proxy,
+    token: &str,
+    env: &[(&str, &str)],
+) -> Switched {
     let scratch = scratch(&format!("remote-{app}-{seed:x}"));
     let run_dir = scratch.path();
     let child = under_crane(app, iters, run_dir)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -108,16 +129,75 @@ fn switching(app: &str, iters: &str, seed: u64, proxy: &Proxy, token: &str) -> S
 }
 
 /// Runs `app` twice with different switch schedules, each bit-identical to
-/// native with at least four switches.
+/// native with at least four switches: the second with every move's
+/// buffers sent over lanes.
 fn check(app: &str, iters: &str) {
     let proxy = Proxy::start(app, false, &[("t0ken", "tenant-a")]);
-    for seed in [0x9e3779b97f4a7c15u64, 0x2545f4914f6cdd1d] {
+    for (seed, env) in [
+        (0x9e3779b97f4a7c15u64, &[][..]),
+        (0x2545f4914f6cdd1d, LANES_ALWAYS),
+    ] {
         let (iters, n) = long_enough(app, iters, 4, |iters| {
-            let run = switching(app, iters, seed, &proxy, "t0ken");
+            let run = switching_with(app, iters, seed, &proxy, "t0ken", env);
             (run.result, run.switches)
         });
-        eprintln!("{app}: {n} switches at --iters {iters}, result identical to native");
+        let lanes = if env.is_empty() { "" } else { ", over lanes" };
+        eprintln!("{app}: {n} switches{lanes} at --iters {iters}, result identical to native");
     }
+}
+
+/// A move of pingpong, held halfway with its buffers dirty on the device,
+/// sends every buffer's contents over lanes (the session's connection
+/// carries only the writes that take them), and the result is native's.
+#[test]
+fn a_move_sends_the_buffers_over_lanes() {
+    let want = native("pingpong", "600");
+    let proxy = Proxy::start("lanes", false, &[("abc", "t")]);
+    let scratch = scratch("remote-lanes");
+    let run_dir = scratch.path();
+    let release = hold_file(run_dir);
+    let mut child = under_crane("pingpong", "600", run_dir)
+        .envs(LANES_ALWAYS.iter().copied())
+        .env("CRANE_WRITE_CACHE", "0")
+        .env("TESTAPP_HOLD", &release)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(run_dir, child.id());
+    wait_socket(&sock);
+    // Until it holds: its kernels have run, its buffers are dirty.
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
+    while !lines
+        .next()
+        .expect("pingpong ended before holding")
+        .unwrap()
+        .contains("holding at iteration")
+    {}
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let r = call(&sock, &remote(&proxy.addr, "abc"), Duration::from_secs(60)).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    let bytes = |name: &str| -> u64 {
+        r.phases
+            .iter()
+            .filter(|p| p.name == name)
+            .map(|p| p.bytes)
+            .sum()
+    };
+    assert!(bytes("reinject") > 0, "{:?}", r.phases);
+    assert_eq!(bytes("reinject-lanes"), bytes("reinject"), "{:?}", r.phases);
+    let back = Request::Local {
+        deadline_ms: 20_000,
+        device: None,
+        precopy: 0,
+    };
+    let r = call(&sock, &back, Duration::from_secs(60)).unwrap();
+    assert!(r.ok, "{:?}", r.error);
+    std::fs::write(&release, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    rest.join().unwrap();
+    assert!(out.status.success());
+    assert_eq!(result_line(&out.stdout), want);
 }
 
 macro_rules! corpus_test {

@@ -50,7 +50,7 @@ pub mod source;
 /// Bumped on incompatible changes.
 pub const VERSION_MAJOR: u16 = 1;
 /// Bumped on compatible additions.
-pub const VERSION_MINOR: u16 = 5;
+pub const VERSION_MINOR: u16 = 6;
 
 /// The first minor version with [`Call::DescribeKernel`].
 pub const MINOR_DESCRIBE_KERNEL: u16 = 1;
@@ -70,6 +70,30 @@ pub const MINOR_QUEUE_PROPERTY: u16 = 4;
 /// The first minor version with [`Call::Stash`], [`Call::EnqueueWriteStash`]
 /// and [`Call::Unstash`] (pre-copy to crane-proxy).
 pub const MINOR_STASH: u16 = 5;
+
+/// The first minor version with lanes: [`Call::OpenLanes`],
+/// [`Call::JoinLane`], [`Call::LanePiece`] and [`Call::EnqueueWriteLane`]
+/// (a move's bulk data over several connections side by side).
+pub const MINOR_LANES: u16 = 6;
+
+/// The largest [`Call::LanePiece`] crane-proxy takes: a lane holds at most
+/// [`LANE_HELD`] of them not yet written, so that what lanes hold stays
+/// bounded (and pinned staging is reused, not made afresh).
+pub const LANE_PIECE_MAX: u64 = 16 << 20;
+
+/// The pieces a client cuts buffers into over lanes by default; crane-proxy
+/// keeps pinned staging of this size ready.
+pub const LANE_PIECE: u64 = 4 << 20;
+
+/// Pieces a lane may hold on crane-proxy before the session has written
+/// them; the lane's connection is not read meanwhile.
+pub const LANE_HELD: usize = 2;
+
+/// The most lanes crane-proxy grants a session.
+pub const MAX_LANES: u32 = 8;
+
+/// Bytes of a lane secret ([`Answer::Lanes`]).
+pub const LANE_SECRET_LEN: usize = 32;
 
 /// The largest [`Call::Stash`] piece a client sends: crane-proxy keeps each
 /// piece in pinned memory of at most this size (larger ones, up to
@@ -720,6 +744,39 @@ pub enum Call {
     Unstash {
         key: u64,
     },
+    /// Asks for up to `count` lanes: extra connections that carry bulk data
+    /// for this session ([`Call::LanePiece`]). Replies [`Answer::Lanes`]:
+    /// how many may join and the secret they join with. Asking again gives
+    /// the same secret. Since 1.6.
+    OpenLanes {
+        count: u32,
+    },
+    /// The first frame of a lane's connection, in place of `Hello`: joins
+    /// lane `lane` (below the count granted) of session `session`, proven
+    /// by the session's lane secret. Replies [`Answer::Status`]. Since 1.6.
+    JoinLane {
+        session: u64,
+        lane: u32,
+        secret: [u8; LANE_SECRET_LEN],
+    },
+    /// On a lane only: a piece of bulk data (the payload, at most
+    /// [`LANE_PIECE_MAX`] bytes) that the session's
+    /// [`Call::EnqueueWriteLane`] with the same `key` writes. Posted. Since
+    /// 1.6.
+    LanePiece {
+        key: u64,
+    },
+    /// Writes the piece `key`, which one of the session's lanes carries,
+    /// into `buffer` at `offset` (a non-blocking clEnqueueWriteBuffer of
+    /// the piece's length); the session waits for the piece. Posted. Since
+    /// 1.6.
+    EnqueueWriteLane {
+        queue: Id,
+        buffer: Id,
+        offset: u64,
+        key: u64,
+        sync: Sync,
+    },
 }
 
 /// The most devices one [`Call::DescribeKernel`] may name.
@@ -751,6 +808,8 @@ impl Call {
                 | Sync
                 | DescribeKernel { .. }
                 | SetQueueProperty { .. }
+                | OpenLanes { .. }
+                | JoinLane { .. }
         )
     }
 
@@ -816,6 +875,10 @@ impl Call {
             Stash { .. } => "Stash (pre-copy)",
             EnqueueWriteStash { .. } => "clEnqueueWriteBuffer (pre-copied)",
             Unstash { .. } => "Unstash (pre-copy)",
+            OpenLanes { .. } => "OpenLanes",
+            JoinLane { .. } => "JoinLane",
+            LanePiece { .. } => "LanePiece",
+            EnqueueWriteLane { .. } => "clEnqueueWriteBuffer (over a lane)",
         }
     }
 }
@@ -869,6 +932,13 @@ pub enum Answer {
     /// output (`printf`), the payload; sent before the answer of the call
     /// that waited for them (`Finish`, `WaitForEvents`, a read). Since 1.2.
     Output,
+    /// [`Call::OpenLanes`]: how many lanes may join (0 with an error
+    /// status) and the secret that proves them. Since 1.6.
+    Lanes {
+        status: i32,
+        count: u32,
+        secret: [u8; LANE_SECRET_LEN],
+    },
 }
 
 #[cfg(test)]

@@ -51,7 +51,35 @@ fn sample_calls() -> Vec<Call> {
             kernel: 9,
             devices: vec![4, 5],
         },
+        Call::JoinLane {
+            session: 12,
+            lane: 3,
+            secret: [0xA5; LANE_SECRET_LEN],
+        },
+        Call::EnqueueWriteLane {
+            queue: 3,
+            buffer: 7,
+            offset: 1 << 20,
+            key: 99,
+            sync: Sync::default(),
+        },
     ]
+}
+
+#[test]
+fn a_lane_answer_round_trips() {
+    let a = Answer::Lanes {
+        status: 0,
+        count: 4,
+        secret: std::array::from_fn(|i| i as u8),
+    };
+    let mut buf = Vec::new();
+    encode(&mut buf, 5, &a, 0).unwrap();
+    let h = Header::parse(buf[..HEADER_LEN].try_into().unwrap(), 0).unwrap();
+    assert_eq!(h.seq, 5);
+    assert_eq!(decode::<Answer>(&buf[HEADER_LEN..]).unwrap(), a);
+    assert!(Call::OpenLanes { count: 2 }.replies());
+    assert!(!Call::LanePiece { key: 1 }.replies());
 }
 
 #[test]

@@ -16,7 +16,7 @@ mod platform;
 mod program;
 mod stash;
 
-pub(crate) use stash::Blob;
+pub(crate) use stash::{Blob, stash_context};
 
 use std::ffi::{CString, c_void};
 

@@ -37,7 +37,7 @@ static STASH_CONTEXT: OnceLock<Option<(VPtr, VPtr)>> = OnceLock::new();
 /// a move takes the warm context, which the stash would otherwise have
 /// taken, leaving the move to wait for a context of its own (~100 ms on
 /// NVIDIA).
-fn stash_context(first_device: Option<VPtr>) -> Option<(VPtr, VPtr)> {
+pub(crate) fn stash_context(first_device: Option<VPtr>) -> Option<(VPtr, VPtr)> {
     *STASH_CONTEXT.get_or_init(|| {
         let d = first_device?;
         let f = vfn!(d.get(), clCreateContext).ok()?;
@@ -171,5 +171,52 @@ impl Session {
             self.stash_bytes -= b.filled;
         }
         Ok(())
+    }
+}
+
+impl Session {
+    /// Grants lanes (`crate::lanes`): the first time, registers the
+    /// session's lanes under a fresh secret.
+    pub(crate) fn open_lanes(&mut self, seq: u64, count: u32) -> CallResult {
+        let lanes = match &self.lanes {
+            Some(l) => l.clone(),
+            None => {
+                let l = crate::lanes::Lanes::open(&self.shared, self.id).map_err(|e| {
+                    log::warn!("session {}: no lanes: {e}", self.id);
+                    CallError::Cl(CL_OUT_OF_RESOURCES)
+                })?;
+                self.lanes = Some(l.clone());
+                l
+            }
+        };
+        let (count, secret) = lanes.grant(count);
+        self.reply(
+            seq,
+            &crane_wire::Answer::Lanes {
+                status: CL_SUCCESS,
+                count,
+                secret,
+            },
+            &[],
+        );
+        Ok(())
+    }
+
+    /// Writes the piece `key` a lane carries into `buffer` at `offset`,
+    /// once it has come (a non-blocking write, freed when it completes).
+    pub(crate) fn enqueue_write_lane(
+        &mut self,
+        queue: Id,
+        buffer: Id,
+        offset: u64,
+        key: u64,
+        sync: &Sync,
+    ) -> CallResult {
+        let lanes = self.lanes.clone().ok_or_else(|| {
+            CallError::Violation("a write over a lane in a session without lanes".into())
+        })?;
+        let piece = lanes.take(key).map_err(CallError::Cl)?;
+        let len = piece.len() as u64;
+        self.enqueue_write_buffer(queue, buffer, offset, len, sync, piece)
     }
 }

@@ -86,6 +86,8 @@ pub(crate) struct Session {
     /// `Sync` (after a move's rebuild and its writes: making a context
     /// slows every transfer on the device while it runs) or at its end.
     pub(crate) warm_refills: Vec<crate::warm::Refill>,
+    /// The session's lanes, once it asked for them (`crate::lanes`).
+    pub(crate) lanes: Option<Arc<crate::lanes::Lanes>>,
 }
 
 /// Serves one accepted connection until it ends.
@@ -101,7 +103,18 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
     let deadline = Instant::now() + shared.config.hello_timeout;
     let mut reader = FrameReader::new(stream.clone(), Some(deadline));
     let (hello_seq, tenant, client, minor) = match greet(&mut reader, &shared) {
-        Ok(v) => v,
+        Ok(First::Hello(seq, tenant, client, minor)) => (seq, tenant, client, minor),
+        Ok(First::Lane(join)) => {
+            if let Err((seq, reason)) =
+                crate::lanes::serve(&stream, &mut reader, &writer, &shared, id, join)
+            {
+                limited!(Level::Info, "lane connection {id} ({peer}) ended: {reason}");
+                goodbye(&writer, &stream, seq, &reason);
+            }
+            writer.close();
+            stream.shutdown(Shutdown::Both);
+            return;
+        }
         Err((seq, reason)) if reason == CLOSED_BEFORE_HELLO => {
             // A connection that sent nothing at all: a health check (craned
             // probes the proxy with a TCP connect), not worth an info line.
@@ -155,6 +168,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         stash_bytes: 0,
         stash_pool: None,
         warm_refills: Vec::new(),
+        lanes: None,
     };
     writer.send(
         hello_seq,
@@ -235,12 +249,18 @@ const DRAIN_GAVE_UP: u8 = 2;
 /// Why a connection that closed without sending a byte ended.
 const CLOSED_BEFORE_HELLO: &str = "the connection closed before Hello";
 
-/// Reads and checks the Hello: `(seq, tenant, client, minor)`, or the
-/// Hello's seq (0 if unknown) and why the session is refused.
-fn greet(
-    reader: &mut FrameReader,
-    shared: &Shared,
-) -> Result<(u64, String, String, u16), (u64, String)> {
+/// What a connection's first frame opens.
+enum First {
+    /// A session: `(seq, tenant, client, minor)` of its Hello.
+    Hello(u64, String, String, u16),
+    /// A lane of a session: `(seq, session, lane, secret)` of its JoinLane,
+    /// checked by `crate::lanes::serve`.
+    Lane((u64, u64, u32, [u8; crane_wire::LANE_SECRET_LEN])),
+}
+
+/// Reads and checks the Hello (or a lane's JoinLane), or says the first
+/// frame's seq (0 if unknown) and why the connection is refused.
+fn greet(reader: &mut FrameReader, shared: &Shared) -> Result<First, (u64, String)> {
     let h = match reader.next(HELLO_MAX_BODY, 0) {
         Ok(Some(h)) => h,
         Ok(None) => return Err((0, CLOSED_BEFORE_HELLO.into())),
@@ -254,6 +274,17 @@ fn greet(
     };
     let call: Call = crane_wire::decode(&reader.body)
         .map_err(|e| (0, format!("the first message cannot be decoded: {e}")))?;
+    if let Call::JoinLane {
+        session,
+        lane,
+        secret,
+    } = call
+    {
+        if h.seq == 0 {
+            return Err((0, "calls never have sequence number 0".into()));
+        }
+        return Ok(First::Lane((h.seq, session, lane, secret)));
+    }
     let Call::Hello {
         major,
         minor,
@@ -278,7 +309,7 @@ fn greet(
         ));
     }
     match tokens::lookup(&shared.config.token_file, &token) {
-        Ok(Some(t)) => Ok((h.seq, t.name, printable(&client), minor)),
+        Ok(Some(t)) => Ok(First::Hello(h.seq, t.name, printable(&client), minor)),
         Ok(None) => Err((h.seq, "the token is not valid".into())),
         Err(e) => {
             limited!(Level::Error, "refusing every session: {e}");
@@ -795,6 +826,20 @@ impl Session {
                 sync,
             } => self.enqueue_write_stash(queue, buffer, offset, key, &sync),
             Unstash { key } => self.unstash(key),
+            OpenLanes { count } => self.open_lanes(seq, count),
+            EnqueueWriteLane {
+                queue,
+                buffer,
+                offset,
+                key,
+                sync,
+            } => self.enqueue_write_lane(queue, buffer, offset, key, &sync),
+            JoinLane { .. } => Err(CallError::Violation(
+                "JoinLane opens a lane's connection, not a call of a session".into(),
+            )),
+            LanePiece { .. } => Err(CallError::Violation(
+                "pieces go over a lane, not the session's connection".into(),
+            )),
         }
     }
 
@@ -931,6 +976,9 @@ impl Session {
     /// Returns how many objects were released, and whether the queues
     /// drained in time.
     fn teardown(&mut self) -> (usize, bool) {
+        if let Some(l) = self.lanes.take() {
+            l.end(&self.shared);
+        }
         for e in self.objects.unset_user_events() {
             if let Ok(f) = vfn!(e.get(), clSetUserEventStatus) {
                 // SAFETY: a live user event whose status was never set;

@@ -275,6 +275,17 @@ pub fn blob_for(m: &Mem, generation: u64) -> Option<u64> {
     }
 }
 
+/// At the rebuild: whether a blob holds `m`'s RAM copy at `generation`
+/// (without taking it).
+pub fn holds(m: &Mem, generation: u64) -> bool {
+    let taken = lock(&TAKEN);
+    let key_of = std::ptr::from_ref(m) as usize;
+    taken
+        .as_ref()
+        .and_then(|sent| sent.get(&key_of))
+        .is_some_and(|s| s.generation == generation && eligible(m))
+}
+
 /// After the move's rebuild (done or not): the blobs it did not use are
 /// dropped on the proxy. Returns how many.
 pub fn finish(session: Option<&Session>) -> usize {

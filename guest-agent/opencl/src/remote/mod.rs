@@ -17,6 +17,7 @@ pub mod check;
 pub mod fallback;
 pub mod includes;
 pub mod journal;
+pub mod lanes;
 pub mod session;
 
 use std::ffi::c_void;

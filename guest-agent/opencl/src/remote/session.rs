@@ -37,13 +37,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-enum Stream {
+pub(super) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
 impl Stream {
-    fn connect(addr: &str, timeout: Duration) -> std::io::Result<Stream> {
+    pub(super) fn connect(addr: &str, timeout: Duration) -> std::io::Result<Stream> {
         if let Some(path) = addr.strip_prefix("unix:") {
             return Ok(Stream::Unix(UnixStream::connect(path)?));
         }
@@ -69,14 +69,14 @@ impl Stream {
         })
     }
 
-    fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
+    pub(super) fn set_read_timeout(&self, t: Option<Duration>) -> std::io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(t),
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
 
-    fn shutdown(&self) {
+    pub(super) fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
@@ -202,7 +202,7 @@ impl Write for Stream {
 }
 
 /// Writes `a` then `b` with as few system calls as the kernel allows.
-fn write_two(w: &mut Stream, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_two(w: &mut Stream, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
     while !a.is_empty() || !b.is_empty() {
         let n = w.write_vectored(&[IoSlice::new(a), IoSlice::new(b)])?;
         if n == 0 {
@@ -337,6 +337,9 @@ pub struct Session {
     pub limits: Limits,
     /// The proxy's protocol minor version (what it understands).
     pub proxy_minor: u16,
+    /// The proxy's number for this session (its `Welcome`), which lanes
+    /// name when they join (`remote::lanes`); a replay elsewhere changes it.
+    proxy_session: AtomicU64,
     out: Mutex<Out>,
     shared: Arc<Shared>,
     reader: Mutex<Option<JoinHandle<()>>>,
@@ -402,7 +405,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 impl Session {
     /// Connects and authenticates.
     pub fn open(addr: &str, token: &str) -> Result<Arc<Session>, String> {
-        let (w, limits, proxy_minor) = handshake(addr, token)?;
+        let (w, limits, proxy_minor, proxy_session) = handshake(addr, token)?;
         let r = w.try_clone().map_err(|e| e.to_string())?;
         let probe = w.try_clone().ok();
         let (cb_tx, cb_rx) = channel::<Job>();
@@ -445,6 +448,7 @@ impl Session {
             recoveries: AtomicU32::new(0),
             limits,
             proxy_minor,
+            proxy_session: AtomicU64::new(proxy_session),
             out: Mutex::new(Out {
                 w,
                 batch: Vec::with_capacity(BATCH_LIMIT),
@@ -606,8 +610,10 @@ impl Session {
     }
 }
 
-/// Connects to the proxy at `addr` and opens a session with `token`.
-fn handshake(addr: &str, token: &str) -> Result<(Stream, Limits, u16), String> {
+/// Connects to the proxy at `addr` and opens a session with `token`:
+/// the connection, the proxy's limits, its protocol minor version and its
+/// number for the session.
+fn handshake(addr: &str, token: &str) -> Result<(Stream, Limits, u16, u64), String> {
     let mut w = Stream::connect(addr, CONNECT_TIMEOUT)
         .map_err(|e| format!("cannot connect to crane-proxy at {addr}: {e}"))?;
     let client = format!(
@@ -634,13 +640,13 @@ fn handshake(addr: &str, token: &str) -> Result<(Stream, Limits, u16), String> {
     let h = crane_wire::read_frame(&mut w, 0, &mut body)
         .map_err(|e| format!("crane-proxy at {addr} did not greet: {e}"))?
         .ok_or_else(|| format!("crane-proxy at {addr} closed the connection"))?;
-    let (limits, proxy_minor) = match crane_wire::decode::<Answer>(&body) {
+    let (limits, proxy_minor, session) = match crane_wire::decode::<Answer>(&body) {
         Ok(Answer::Welcome {
             major,
             minor,
             limits,
-            ..
-        }) if major == VERSION_MAJOR && h.seq == 1 => (limits, minor),
+            session,
+        }) if major == VERSION_MAJOR && h.seq == 1 => (limits, minor, session),
         Ok(Answer::Welcome { major, minor, .. }) => {
             return Err(format!(
                 "crane-proxy at {addr} speaks protocol {major}.{minor}, this library {VERSION_MAJOR}.{VERSION_MINOR}"
@@ -655,10 +661,15 @@ fn handshake(addr: &str, token: &str) -> Result<(Stream, Limits, u16), String> {
         Err(e) => return Err(format!("crane-proxy at {addr}: {e}")),
     };
     w.set_read_timeout(None).map_err(|e| e.to_string())?;
-    Ok((w, limits, proxy_minor))
+    Ok((w, limits, proxy_minor, session))
 }
 
 impl Session {
+    /// The proxy's number for this session now.
+    pub fn proxy_session(&self) -> u64 {
+        self.proxy_session.load(Ordering::Acquire)
+    }
+
     pub fn new_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -1653,7 +1664,10 @@ fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Res
             .map(|(a, t)| (a, t.unwrap_or_else(|| lock(&s.token).clone())))
             .unwrap_or_else(|| (s.addr(), lock(&s.token).clone()));
         match handshake(&addr, &token) {
-            Ok((w, limits, _)) => break (w, limits, addr, token),
+            Ok((w, limits, _, id)) => {
+                s.proxy_session.store(id, Ordering::Release);
+                break (w, limits, addr, token);
+            }
             Err(e) if s.waiting_since(start).elapsed() >= wait => {
                 return Err(Replay::Failed(format!(
                     "no crane-proxy took the session back within {}s (last try: {e})",
