@@ -11,6 +11,11 @@ and `cargo xtask bench-stoppage --out` (needs gnuplot).
       right after a pre-copy, and resume, move to crane-proxy and move back,
       each with and without a pre-copy (means of the repeats; the steps the
       run has). TITLE names the machine (default: NVIDIA H200).
+  benches/plot.py lanes OUT.png TITLE LABEL=A.json[,B.json] ...
+      the application's pause around each move to crane-proxy by memory
+      size, one line per LABEL (runs of `--steps remote` with the same
+      settings, e.g. lanes off and on), the first move of each size (every
+      buffer dirty on the device) apart from the next ones (means).
 """
 import json
 import subprocess
@@ -120,6 +125,41 @@ plot {plots}
     )
 
 
+def lanes(args):
+    out, title, runs = args[0], args[1], args[2:]
+    files = []
+    for run in runs:
+        label, paths = run.split("=", 1)
+        first, later = {}, {}
+        for path in paths.split(","):
+            seen = set()
+            for s in json.load(open(path)):
+                if s["step"] != "remote":
+                    continue
+                key = (s["mib"], s["rewrite_percent"])
+                into = later if key in seen else first
+                seen.add(key)
+                into.setdefault(s["mib"], []).append(s["app_pause_ms"])
+        for name, pts in ((f"{label}, first move", first), (f"{label}, next moves", later)):
+            with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
+                for mib, v in sorted(pts.items()):
+                    t.write(f"{mib} {sum(v) / len(v)}\n")
+                files.append((name, t.name))
+    plots = ", ".join(f"'{f}' using 1:2 with linespoints title '{n}'" for n, f in files)
+    gnuplot(
+        f"""set terminal pngcairo size 900,520 font ',10'
+set output '{out}'
+set title 'Move to crane-proxy without pre-copy: pause of the application, {title}'
+set logscale xy
+set xlabel 'device memory held by the application (MiB)'
+set ylabel 'pause (ms)'
+set grid
+set key top left
+plot {plots}
+"""
+    )
+
+
 if __name__ == "__main__":
     kind, rest = sys.argv[1], sys.argv[2:]
-    {"data": data, "stoppage": stoppage}[kind](rest)
+    {"data": data, "stoppage": stoppage, "lanes": lanes}[kind](rest)
