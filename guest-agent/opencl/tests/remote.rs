@@ -441,9 +441,15 @@ struct Held {
 
 impl Held {
     fn start(iters: &str) -> Held {
+        Held::start_with(iters, &[])
+    }
+
+    /// [`Held::start`] with `env` set for the application.
+    fn start_with(iters: &str, env: &[(&str, &str)]) -> Held {
         let dir = scratch("remote-held");
         let release = hold_file(dir.path());
         let child = under_crane("pingpong", iters, dir.path())
+            .envs(env.iter().copied())
             .env("TESTAPP_HOLD", &release)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -543,42 +549,73 @@ fn a_full_proxy_leaves_the_app_local() {
 /// `cut_after` bytes: to the client, a proxy that died in the middle of what
 /// it was sent.
 fn cutting_relay(to: &str, cut_after: usize) -> String {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpStream};
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = format!("tcp://{}", listener.local_addr().unwrap());
     let to = to.trim_start_matches("tcp://").to_string();
     std::thread::spawn(move || {
-        let Ok((client, _)) = listener.accept() else {
-            return;
-        };
-        let upstream = TcpStream::connect(&to).unwrap();
-        let (mut c_in, mut u_out) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
-        let back = std::thread::spawn(move || {
-            let (mut u_in, mut c_out) = (upstream, client);
-            let _ = std::io::copy(&mut u_in, &mut c_out);
-        });
-        let mut sent = 0;
-        let mut buf = vec![0u8; 16 << 10];
-        while sent < cut_after {
-            let n = match c_in.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n.min(cut_after - sent),
-            };
-            if u_out.write_all(&buf[..n]).is_err() {
-                break;
-            }
-            sent += n;
+        if let Ok((client, _)) = listener.accept() {
+            relay_one(client, &to, cut_after, false);
         }
-        // The proxy's side ends, and the client's sees its end (a FIN) while
-        // what it still sends is read and dropped: a socket closed with
-        // unread data would turn that end into a reset.
-        let _ = u_out.shutdown(Shutdown::Both);
-        let _ = c_in.shutdown(Shutdown::Write);
-        let _ = std::io::copy(&mut c_in, &mut std::io::sink());
-        let _ = back.join();
     });
     addr
+}
+
+/// A relay to `to` that passes the first connection (a session) whole and
+/// cuts every later one (the move's lanes) after `cut_after` bytes.
+fn lane_cutting_relay(to: &str, cut_after: usize) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", listener.local_addr().unwrap());
+    let to = to.trim_start_matches("tcp://").to_string();
+    std::thread::spawn(move || {
+        for (n, client) in listener.incoming().enumerate() {
+            let Ok(client) = client else { return };
+            let to = to.clone();
+            let cut = if n == 0 { usize::MAX } else { cut_after };
+            std::thread::spawn(move || relay_one(client, &to, cut, true));
+        }
+    });
+    addr
+}
+
+/// Relays one connection to `to`, the client's first `cut_after` bytes
+/// only; then the proxy sees the end of the stream. With `answers`, what the
+/// proxy says to that (its Goodbye) still reaches the client, else the
+/// proxy's side is cut too and the client sees the end at once.
+fn relay_one(client: std::net::TcpStream, to: &str, cut_after: usize, answers: bool) {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpStream};
+    let upstream = TcpStream::connect(to).unwrap();
+    let (mut c_in, mut u_out) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+    let back = std::thread::spawn(move || {
+        let (mut u_in, mut c_out) = (upstream, client);
+        let _ = std::io::copy(&mut u_in, &mut c_out);
+        if answers {
+            let _ = c_out.shutdown(Shutdown::Write);
+        }
+    });
+    let mut sent = 0;
+    let mut buf = vec![0u8; 16 << 10];
+    while sent < cut_after {
+        let n = match c_in.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n.min(cut_after - sent),
+        };
+        if u_out.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        sent += n;
+    }
+    // The proxy's side ends, and the client's sees its end (a FIN) while
+    // what it still sends is read and dropped: a socket closed with
+    // unread data would turn that end into a reset.
+    if answers {
+        let _ = u_out.shutdown(Shutdown::Write);
+    } else {
+        let _ = u_out.shutdown(Shutdown::Both);
+        let _ = c_in.shutdown(Shutdown::Write);
+    }
+    let _ = std::io::copy(&mut c_in, &mut std::io::sink());
+    let _ = back.join();
 }
 
 /// The connection to the proxy breaks during the move, at points from before
@@ -603,6 +640,41 @@ fn a_proxy_lost_during_the_move_leaves_the_app_local() {
     }
     let closed = proxy.wait_log("object(s) released");
     assert!(!closed.contains("by the client"), "{closed}");
+    app.there_and_back(&proxy.addr);
+    assert_eq!(app.finish(), want);
+}
+
+/// Lanes cut during a move: one that cannot join is left out (the move goes
+/// over the rest, or the session's own connection); one cut after joining,
+/// inside its pieces, refuses the move with the proxy's reason, and the
+/// process carries on locally, then moves there and back as usual.
+#[test]
+fn a_lane_lost_during_the_move_refuses_it_and_the_app_goes_on() {
+    let want = native("pingpong", "6000");
+    let proxy = Proxy::start("lane-lost", true, &[("k", "t")]);
+    let app = Held::start_with("6000", LANES_ALWAYS);
+    let back = Request::Local {
+        deadline_ms: 20_000,
+        device: None,
+        precopy: 0,
+    };
+    // Inside JoinLane: no lane joins.
+    let r = app.ask(&remote(&lane_cutting_relay(&proxy.addr, 30), "k"));
+    assert!(r.ok, "{:?}", r.error);
+    assert!(
+        !r.phases.iter().any(|p| p.name == "reinject-lanes"),
+        "{:?}",
+        r.phases
+    );
+    assert!(app.ask(&back).ok);
+    // Inside the pieces.
+    for cut in [100usize, 40 << 10] {
+        let err = app.refused_move(&lane_cutting_relay(&proxy.addr, cut), "k");
+        assert!(
+            err.contains("a lane to crane-proxy"),
+            "cut after {cut}: {err}"
+        );
+    }
     app.there_and_back(&proxy.addr);
     assert_eq!(app.finish(), want);
 }

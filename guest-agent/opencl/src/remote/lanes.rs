@@ -184,9 +184,35 @@ impl Lanes {
     }
 }
 
-/// A lane's thread: sends its pieces in order until the queue closes.
+/// How long a lane waits, once it has sent everything, for the proxy to
+/// take the rest and close it.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A lane's thread: sends its pieces in order until the queue closes, then
+/// ends its side and waits for the proxy's end: a lane the proxy ended
+/// (`Goodbye`: a piece cut short, a limit) fails, with the proxy's reason.
 /// After a failure it drops what is still queued (the rebuild fails).
 fn carry(stream: &Mutex<Stream>, rx: Receiver<Piece>) -> Result<u64, String> {
+    let sent = send_pieces(stream, rx)?;
+    let mut r = stream.lock().unwrap_or_else(|e| e.into_inner());
+    r.shutdown_write();
+    r.set_read_timeout(Some(CLOSE_TIMEOUT))
+        .map_err(|e| lane_error("closing", e))?;
+    let mut body = Vec::new();
+    loop {
+        match crane_wire::read_frame(&mut *r, 0, &mut body) {
+            Ok(None) => return Ok(sent),
+            Ok(Some(_)) => {
+                if let Ok(Answer::Goodbye { reason }) = crane_wire::decode::<Answer>(&body) {
+                    return Err(lane_error("the proxy ended it", reason));
+                }
+            }
+            Err(e) => return Err(lane_error("closing", e)),
+        }
+    }
+}
+
+fn send_pieces(stream: &Mutex<Stream>, rx: Receiver<Piece>) -> Result<u64, String> {
     let mut w = stream.lock().unwrap_or_else(|e| e.into_inner());
     let mut header = Vec::with_capacity(64);
     let mut sent = 0u64;

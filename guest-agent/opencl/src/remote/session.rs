@@ -76,6 +76,14 @@ impl Stream {
         }
     }
 
+    /// Ends the sending side: the peer reads the end of the stream.
+    pub(super) fn shutdown_write(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Write),
+            Stream::Unix(s) => s.shutdown(Shutdown::Write),
+        };
+    }
+
     pub(super) fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
