@@ -158,6 +158,9 @@ pub(crate) mod fake {
         /// Goes away but will not come back: refuses resume and local (its
         /// rebuild failing on the new device, say) and stays where it is.
         StaysAway,
+        /// Stalled on its way back: at resume or local, away from
+        /// passthrough, answers only after this long (then is back).
+        StallsComingBack(Duration),
         /// Killed (SIGKILL to its pid) on its way back: at resume or local,
         /// away from passthrough, the process dies and the request is never
         /// answered (its socket closes with it).
@@ -239,6 +242,14 @@ pub(crate) mod fake {
                         if *mode != Mode::Passthrough =>
                     {
                         Response::error("recreating the objects failed; it stays where it is")
+                    }
+                    (
+                        Request::Resume { .. } | Request::Local { .. },
+                        Behaviour::StallsComingBack(d),
+                    ) if *mode != Mode::Passthrough => {
+                        std::thread::sleep(d);
+                        *mode = Mode::Passthrough;
+                        ok()
                     }
                     (Request::Resume { .. } | Request::Local { .. }, Behaviour::DiesComingBack)
                         if *mode != Mode::Passthrough =>

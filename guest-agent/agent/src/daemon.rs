@@ -731,6 +731,59 @@ mod tests {
         );
     }
 
+    /// A process stalled on its way back (its move back answers only after
+    /// the resume's deadline) fails that resume: the guest is degraded, the
+    /// others are home. It finishes coming back on its own, and dom0's next
+    /// attempt finds it home: resumed.
+    #[test]
+    fn a_process_stalled_on_its_way_back_fails_the_resume_until_it_is_home() {
+        let mut r = rig("resume-stalled");
+        let a = r.app(Behaviour::Obedient);
+        let stalled = r.app(Behaviour::StallsComingBack(Duration::from_millis(1500)));
+        let mut d = r.daemon(r.modules.clone(), true);
+        let ch = r.ch();
+        assert_eq!(
+            ask(&ch, &mut d, remote()).1.outcome,
+            Outcome::ReadyForDetach
+        );
+        let started = Instant::now();
+        let req = ch.post(Op::RESUME, Some(300)).unwrap();
+        d.step().unwrap();
+        let resp = ch.response().unwrap().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_millis(1400),
+            "the resume waited for the stalled process"
+        );
+        assert_eq!(resp.outcome, Outcome::Failed, "{resp:?}");
+        assert!(
+            resp.error
+                .as_deref()
+                .unwrap_or("")
+                .contains("1 of 2 processes"),
+            "{resp:?}"
+        );
+        let apps = ch.app_results(req.seq).unwrap();
+        let of = |pid| apps.iter().find(|x| x.pid == pid).unwrap().outcome;
+        assert_eq!(of(a), AppOutcome::Passthrough);
+        assert!(!of(stalled).is_success(), "{apps:?}");
+        assert_eq!(r.mode(a), Mode::Passthrough);
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Degraded
+        );
+        // Home on its own; the next attempt resumes the guest.
+        while r.mode(stalled) != Mode::Passthrough {
+            assert!(started.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (_, resp) = ask(&ch, &mut d, Op::RESUME);
+        assert_eq!(resp.outcome, Outcome::Resumed, "{resp:?}");
+        assert_eq!(
+            ch.agent_state().unwrap().unwrap().state,
+            GuestState::Passthrough
+        );
+    }
+
     #[test]
     fn a_device_that_never_becomes_usable_leaves_processes_parked() {
         let mut r = rig("probe");
