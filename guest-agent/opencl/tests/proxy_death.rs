@@ -585,6 +585,37 @@ fn a_move_back_rides_out_a_short_partition() {
     assert_eq!(result_line(&out.stdout), want);
 }
 
+/// dom0 says where crane-proxy is twice per new proxy domain: when it
+/// creates it and when it answers. A process that replayed on the new proxy
+/// in between then hears of the proxy it is on while its host is slow (here:
+/// the network silent 8 s, its data unacknowledged): it rides that out on
+/// the same session, where the quick watch of a first word would have left
+/// the connection after 5 s and replayed again for nothing (seen end to end
+/// under emulation). Ends with the native result, two sessions in all.
+#[test]
+fn a_repeated_word_about_the_proxy_it_replayed_on_is_not_a_death() {
+    let want = native("pingpong", "6000");
+    let net = Netns::new("repeat-word");
+    let mut proxy = Proxy::start_in("repeat-word", &net.b, netns::B_IP, &[("k", "t")]);
+    let app = HeldInNetns::start(&net, &proxy, "repeat-word");
+    // The proxy dies (its process: the connection closes) and comes back;
+    // the process replays there.
+    proxy.restart();
+    app.wait_err("took the session back", Duration::from_secs(60));
+    // The host goes silent; dom0's second word arrives meanwhile.
+    net.cut();
+    std::thread::sleep(Duration::from_millis(500));
+    app.redirect(&proxy.addr);
+    std::thread::sleep(Duration::from_secs(8));
+    net.restore();
+    std::thread::sleep(Duration::from_millis(500));
+    let (out, err) = app.release();
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("took the session back").count(), 1, "{err}");
+    assert_eq!(sessions_opened(&proxy), 2, "{}", proxy.log());
+    assert_eq!(result_line(&out.stdout), want);
+}
+
 /// How many sessions `proxy` has opened, by its log.
 fn sessions_opened(proxy: &Proxy) -> usize {
     proxy

@@ -145,6 +145,16 @@ const QUICK_TIMEOUT: Duration = Duration::from_secs(5);
 /// for a replay ([`watch_connection`]).
 const SILENT_AFTER_REDIRECT: Duration = Duration::from_secs(5);
 
+/// The same for a connection a recovery opened to the proxy dom0 names
+/// again: dom0 says where crane-proxy is both when it creates the proxy
+/// domain and when the proxy answers, so a process that replayed on the new
+/// proxy in between most likely hears about the proxy it is on. It is
+/// still watched (a second death would be found), with patience for a slow
+/// host: under emulation a live connection of the new proxy had a segment
+/// unacknowledged for 5.4 s, and the quick watch replayed it again for
+/// nothing.
+const SILENT_AFTER_REPEAT: Duration = Duration::from_secs(15);
+
 /// What TCP knows of the peer: the segments sent and not acknowledged, and
 /// the time since the last acknowledgement; `None` for a Unix socket (whose
 /// peer cannot vanish without the kernel knowing) or when unknown.
@@ -332,6 +342,12 @@ pub struct Session {
     redirect: Mutex<Option<(String, Option<String>)>>,
     /// When the recovery was last redirected: its wait counts from then.
     redirected_at: Mutex<Option<Instant>>,
+    /// Whether the connection now is one a recovery opened (a replay).
+    recovered: AtomicBool,
+    /// Whether [`watch_connection`] waits [`SILENT_AFTER_REPEAT`] rather
+    /// than [`SILENT_AFTER_REDIRECT`] (and leaves TCP's own timeouts as
+    /// they are).
+    watch_patient: AtomicBool,
     /// When the local fallback was last tried (`local_fallback`).
     local_tried: Mutex<Option<Instant>>,
     /// The connection to crane-proxy now (a second handle on it), for
@@ -450,6 +466,8 @@ impl Session {
             token: Mutex::new(token.to_string()),
             redirect: Mutex::new(None),
             redirected_at: Mutex::new(None),
+            recovered: AtomicBool::new(false),
+            watch_patient: AtomicBool::new(false),
             local_tried: Mutex::new(None),
             probe: Mutex::new(probe),
             watch_until: Mutex::new(None),
@@ -572,11 +590,15 @@ impl Session {
     /// keepalive probes when idle) is left for a replay, instead of after
     /// [`user_timeout`]. Returns whether a recovery was under way.
     pub fn redirect(self: &Arc<Self>, addr: String, token: Option<String>) -> bool {
+        // A connection a recovery opened to the very proxy named: most
+        // likely dom0's second word about it (see SILENT_AFTER_REPEAT).
+        let repeat = self.recovered.load(Ordering::Acquire) && addr == self.addr();
         *lock(&self.redirect) = Some((addr, token));
         *lock(&self.redirected_at) = Some(Instant::now());
         if self.is_recovering() {
             return true;
         }
+        self.watch_patient.store(repeat, Ordering::Release);
         let wait = Duration::from_secs(crate::config::get().remote_recover_s);
         let start = {
             let mut until = lock(&self.watch_until);
@@ -1572,7 +1594,16 @@ fn watch_connection(s: std::sync::Weak<Session>) {
             continue;
         };
         let silence = tcp_silence(stream);
-        if !quick && let Stream::Tcp(t) = stream {
+        let patient = s.watch_patient.load(Ordering::Acquire);
+        let silent_after = if patient {
+            SILENT_AFTER_REPEAT
+        } else {
+            SILENT_AFTER_REDIRECT
+        };
+        if !quick
+            && !patient
+            && let Stream::Tcp(t) = stream
+        {
             tune(&socket2::SockRef::from(t), true);
             quick = true;
             if let Some((unacked, quiet)) = silence {
@@ -1585,7 +1616,7 @@ fn watch_connection(s: std::sync::Weak<Session>) {
             }
         }
         match silence {
-            Some((unacked, quiet)) if unacked > 0 && quiet >= SILENT_AFTER_REDIRECT => {
+            Some((unacked, quiet)) if unacked > 0 && quiet >= silent_after => {
                 silent_looks += 1;
                 if silent_looks >= 2 {
                     warn!(
@@ -1709,6 +1740,7 @@ fn reconnect_and_replay(s: &Arc<Session>, start: Instant, wait: Duration) -> Res
     *lock(&s.token) = token;
     lock(&s.redirect).take();
     lock(&s.redirected_at).take();
+    s.recovered.store(true, Ordering::Release);
     warn!(
         "crane-proxy at {addr} took the session back: {calls} call(s) and {} KiB replayed \
          in {} ms, {} ms after the connection broke",
