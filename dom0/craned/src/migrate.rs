@@ -1615,6 +1615,40 @@ mod tests {
         }
     }
 
+    /// The destination's craned killed during the move back: the agent has
+    /// taken prepare-resume and is bringing its processes home from
+    /// crane-proxy (no answer written yet) when craned dies. The restarted
+    /// craned (journal `resuming`, the GPU attached) asks again; the agent,
+    /// done with the first request, takes the second: resumed, the GPU
+    /// attached once, nothing left in the journal.
+    #[test]
+    fn restart_during_the_move_back_carries_it_forward() {
+        let mut w = World::new(config());
+        let agent = w.guest("g1", 9, &[GPU_A], GuestState::Detached(DetachKind::Remote));
+        agent.on_resume(OnResume::Hang);
+        let mut e = Entry::new(Phase::Resuming, 9);
+        e.gpus = vec![gpu(GPU_A)];
+        journal::save(&w.dom0, "g1", &e).unwrap();
+        // The craned that died had posted prepare-resume; the agent took it.
+        let first = GuestChannel::new(&w.dom0, 9)
+            .post(Op::RESUME, None)
+            .unwrap();
+        let start = Instant::now();
+        while agent.seen().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(5), "not taken");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Its processes home, the agent answers what comes next.
+        agent.on_resume(OnResume::Resume);
+        let out = w.run(|m| m.recover(&|_| false)).unwrap();
+        assert!(resumed(&out), "{out:?}");
+        let seen = agent.seen();
+        assert_eq!(agent.ops(), ["prepare-resume", "prepare-resume"]);
+        assert!(seen[1].seq > first.seq);
+        assert_eq!(w.xl.gpus_of(9).len(), 1);
+        assert!(w.journal("g1").is_none());
+    }
+
     /// A guest that arrived while craned was not running (detached, on
     /// crane-proxy, no GPU, no journal entry) is received when craned
     /// starts: a free GPU attached, prepare-resume, nothing left in the
