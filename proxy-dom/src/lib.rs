@@ -20,6 +20,7 @@ mod lanes;
 pub mod output;
 mod pinned;
 mod pool;
+mod quirks;
 mod ratelimit;
 mod session;
 mod trace;

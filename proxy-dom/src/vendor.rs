@@ -78,6 +78,9 @@ struct Library {
 pub struct Vendor {
     libraries: Vec<Library>,
     smallest_global_mem: Option<u64>,
+    /// The dispatch tables (by address) of the platforms whose vendor leaks
+    /// a context reference per destroyed 1D image buffer (`crate::quirks`).
+    leaky: Vec<usize>,
 }
 
 type GetPlatformIds = unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int;
@@ -262,11 +265,54 @@ impl Vendor {
         let mut v = Vendor {
             libraries,
             smallest_global_mem: None,
+            leaky: Vec::new(),
         };
         // Enumerating the devices here, under the lock, also completes the
         // vendor's initialisation before any session runs.
         v.smallest_global_mem = v.query_smallest_global_mem();
+        v.leaky = v.query_leaky();
         v
+    }
+
+    /// The dispatch tables of the platforms that leak a context reference
+    /// per destroyed 1D image buffer: one `CL_PLATFORM_VERSION` query per
+    /// platform, here at load, and nothing asked of a vendor at run time
+    /// unless it has the leak.
+    fn query_leaky(&self) -> Vec<usize> {
+        let mut leaky = Vec::new();
+        for lib in &self.libraries {
+            for &p in &lib.platforms {
+                let Some(version) = platform_version(p) else {
+                    continue;
+                };
+                if !crane_vendor_loader::quirks::leaks_image1d_buffer_context(&version) {
+                    continue;
+                }
+                log::info!(
+                    "vendor {} ({version}) leaks a context reference per 1D image buffer; sessions give them back",
+                    lib.path.display()
+                );
+                // SAFETY: a platform of a loaded vendor library.
+                let table = unsafe { dispatch(p.get()) } as *const _cl_icd_dispatch as usize;
+                if !leaky.contains(&table) {
+                    leaky.push(table);
+                }
+            }
+        }
+        leaky
+    }
+
+    /// Whether the vendor of object `v` leaks a context reference per
+    /// destroyed 1D image buffer (`crate::quirks`).
+    pub fn leaks_image1d_buffer_context(&self, v: VPtr) -> bool {
+        if self.leaky.is_empty() {
+            return false;
+        }
+        // SAFETY: callers pass live objects of a loaded vendor library. An
+        // ICD vendor gives all its objects one dispatch table (PoCL does), so
+        // an object's table is its platform's.
+        let table = unsafe { dispatch(v.get()) } as *const _cl_icd_dispatch as usize;
+        self.leaky.contains(&table)
     }
 
     /// All platforms of all libraries.
@@ -324,6 +370,27 @@ impl Vendor {
         }
         smallest
     }
+}
+
+/// A platform's `CL_PLATFORM_VERSION`.
+fn platform_version(platform: VPtr) -> Option<String> {
+    let f = vfn!(platform.get(), clGetPlatformInfo).ok()?;
+    let bytes = crate::api::query(|size, value, size_ret| {
+        // SAFETY: a live platform; the vendor writes at most `size` bytes
+        // into `value`.
+        unsafe {
+            f(
+                platform.get().cast(),
+                CL_PLATFORM_VERSION,
+                size,
+                value,
+                size_ret,
+            )
+        }
+    })
+    .ok()?;
+    let text = bytes.split(|&b| b == 0).next().unwrap_or(&[]);
+    Some(String::from_utf8_lossy(text).into_owned())
 }
 
 /// The devices of a platform (all types).

@@ -21,6 +21,11 @@ use opencl_sys::*;
 
 use crate::vendor::{self, vfn};
 
+// The version tests are shared with crane-proxy, which works around the same
+// leak for its sessions.
+use crane_vendor_loader::quirks::leaks_image1d_buffer_context;
+pub use crane_vendor_loader::quirks::pocl_major;
+
 struct State {
     /// Per vendor dispatch table (by address): whether its library has the
     /// leak.
@@ -36,26 +41,6 @@ static STATE: Mutex<State> = Mutex::new(State {
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The PoCL major version in a `CL_PLATFORM_VERSION` ("OpenCL 3.0 PoCL
-/// 3.1+debian ..."): None when the platform is not PoCL, `u32::MAX` when
-/// the number cannot be read.
-pub fn pocl_major(version: &str) -> Option<u32> {
-    let rest = version.split("PoCL ").nth(1)?;
-    Some(
-        rest.chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .unwrap_or(u32::MAX),
-    )
-}
-
-/// Whether a platform of this `CL_PLATFORM_VERSION` leaks a context
-/// reference per destroyed 1D image buffer: PoCL 1 to 6.
-pub fn leaks_image1d_buffer_context(version: &str) -> bool {
-    pocl_major(version).is_some_and(|m| (1..7).contains(&m))
 }
 
 /// A vendor value of type `T` from a clGet*Info function.
@@ -196,24 +181,4 @@ pub fn forget() {
     let mut s = state();
     s.leaky.clear();
     s.leaked.clear();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_pocl_before_7_leaks() {
-        assert!(leaks_image1d_buffer_context(
-            "OpenCL 3.0 PoCL 3.1+debian  Linux, None+Asserts, RELOC, SPIR, LLVM 15.0.6, SLEEF, DISTRO, POCL_DEBUG"
-        ));
-        assert!(leaks_image1d_buffer_context(
-            "OpenCL 3.0 PoCL 5.0+debian  Linux"
-        ));
-        assert!(leaks_image1d_buffer_context("OpenCL 3.0 PoCL 6.0  Linux"));
-        assert!(!leaks_image1d_buffer_context("OpenCL 3.0 PoCL 7.0  Linux"));
-        assert!(!leaks_image1d_buffer_context("OpenCL 3.0 PoCL 7.1-pre"));
-        assert!(!leaks_image1d_buffer_context("OpenCL 3.0 CUDA 13.0.97"));
-        assert!(!leaks_image1d_buffer_context("OpenCL 3.0 PoCL x"));
-    }
 }

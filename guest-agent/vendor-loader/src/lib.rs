@@ -36,8 +36,13 @@
 //! the redirected `dlopen` searches with this library's search path, not the
 //! vendor's `DT_RUNPATH` (no known vendor relies on it); objects loaded into
 //! another link-map namespace are closed through their handles only.
+//!
+//! [`quirks`] tells which vendor versions have the bugs crane works around,
+//! for both sides that run calls on a vendor (the interposer and
+//! crane-proxy).
 
 mod objects;
+pub mod quirks;
 mod residue;
 mod stacks;
 mod termination;

@@ -8,7 +8,7 @@ use opencl_sys::*;
 use super::{check, made};
 use crate::session::completion::{WaitAll, What};
 use crate::session::objects::{Detail, Kind};
-use crate::session::{CallError, CallResult, Session, release};
+use crate::session::{CallError, CallResult, Session};
 use crate::vendor::{VPtr, vfn};
 
 impl Session {
@@ -97,7 +97,10 @@ impl Session {
             self.objects.keep_unset(h);
             return Ok(());
         }
-        check(release(o.kind, o.detail, h))
+        check(
+            self.leaked
+                .release(&self.shared.vendor, o.kind, o.detail, h),
+        )
     }
 }
 
