@@ -204,7 +204,9 @@ impl Journal {
                     | Call::EnqueueWriteBufferRect { .. }
                     | Call::EnqueueWriteImage { .. }
             );
-        let lost = !copy && !payload.is_empty();
+        // A write over a lane carries its contents on the lane, which a
+        // replay does not have: it is one of the rebuild's writes.
+        let lost = (!copy && !payload.is_empty()) || matches!(call, Call::EnqueueWriteLane { .. });
         let payload = if copy && !payload.is_empty() {
             self.copy_of(payload)
         } else {
@@ -445,6 +447,7 @@ pub fn enqueue_sync(c: &Call) -> Option<(Id, &WSync)> {
         | EnqueueWriteBuffer { queue, sync, .. }
         | EnqueueReadBuffer { queue, sync, .. }
         | EnqueueWriteStash { queue, sync, .. }
+        | EnqueueWriteLane { queue, sync, .. }
         | EnqueueWriteBufferRect { queue, sync, .. }
         | EnqueueReadBufferRect { queue, sync, .. }
         | EnqueueWriteImage { queue, sync, .. }
@@ -670,6 +673,23 @@ mod tests {
             index,
             arg: KernelArg::Bytes(vec![v]),
         }
+    }
+
+    /// A write over a lane has its contents on the lane, not in the journal:
+    /// it counts as a rebuild's write whose contents only a checkpoint holds.
+    #[test]
+    fn a_write_over_a_lane_has_no_contents_to_replay() {
+        let mut j = journal();
+        let call = Call::EnqueueWriteLane {
+            queue: 1,
+            buffer: 2,
+            offset: 0,
+            key: 3,
+            sync: WSync::default(),
+        };
+        j.record(7, &call, &[], true);
+        assert!(j.entries[0].lost);
+        assert_eq!(enqueue_sync(&call).map(|(q, _)| q), Some(1));
     }
 
     #[test]
