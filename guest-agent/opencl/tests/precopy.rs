@@ -8,7 +8,6 @@
 //! ahead while the application runs, the move writing them from what was
 //! sent).
 
-use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use crane_control::{Request, Response, call, socket_path};
 
 mod common;
 use common::proxy::{Proxy, wait_socket};
-use common::{Rng, finishes, long_enough, result_line, scratch, under_crane};
+use common::{Rng, finishes, long_enough, result_line, scratch, under_crane, wait_holding};
 
 fn ask(sock: &std::path::Path, req: &Request) -> Option<Response> {
     call(sock, req, Duration::from_secs(60)).ok()
@@ -107,23 +106,6 @@ precopy_test!(maps, "3000");
 precopy_test!(copies, "3000");
 precopy_test!(subbuffers, "3000");
 precopy_test!(multictx, "2000");
-
-/// Reads pingpong's standard error until it says it holds; the rest is
-/// drained by the thread returned.
-fn wait_holding(child: &mut std::process::Child) -> std::thread::JoinHandle<usize> {
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("pingpong ended before holding")
-            .unwrap();
-        if line.contains("holding at iteration") {
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.map_while(Result::ok).count())
-}
 
 /// pingpong held halfway changes no buffer: after a pre-copy has read what
 /// its kernels wrote, a suspend has nothing left to read, and the result is

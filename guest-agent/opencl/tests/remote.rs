@@ -167,14 +167,7 @@ fn a_move_sends_the_buffers_over_lanes() {
     let sock = socket_path(run_dir, child.id());
     wait_socket(&sock);
     // Until it holds: its kernels have run, its buffers are dirty.
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stderr.take().unwrap()));
-    while !lines
-        .next()
-        .expect("pingpong ended before holding")
-        .unwrap()
-        .contains("holding at iteration")
-    {}
-    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    let rest = common::wait_holding(&mut child);
     let r = call(&sock, &remote(&proxy.addr, "abc"), Duration::from_secs(60)).unwrap();
     assert!(r.ok, "{:?}", r.error);
     let bytes = |name: &str| -> u64 {

@@ -102,6 +102,23 @@ pub fn under_crane(app: &str, iters: &str, run_dir: &Path) -> Command {
     c
 }
 
+/// Reads pingpong's standard error until it says it holds; the rest is
+/// drained by the thread returned.
+pub fn wait_holding(child: &mut std::process::Child) -> std::thread::JoinHandle<usize> {
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    loop {
+        let line = lines
+            .next()
+            .expect("pingpong ended before holding")
+            .unwrap();
+        if line.contains("holding at iteration") {
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.map_while(Result::ok).count())
+}
+
 /// The RESULT line of an uninterrupted native run.
 pub fn native(app: &str, iters: &str) -> String {
     let out = Command::new(apps().join(app))
