@@ -174,7 +174,7 @@ fn random_call(rng: &mut StdRng) -> (Call, Vec<u8>) {
             .map(|_| rng.random())
             .collect::<Vec<u8>>()
     };
-    match rng.random_range(0..25) {
+    match rng.random_range(0..28) {
         0 => (
             Call::GetInfo {
                 kind: [
@@ -458,6 +458,32 @@ fn random_call(rng: &mut StdRng) -> (Call, Vec<u8>) {
             },
             vec![],
         ),
+        // Lanes' frames out of place, and a write over a lane in a session
+        // that asked for none: each ends the session.
+        24 => (
+            Call::EnqueueWriteLane {
+                queue: pick(rng, queue),
+                buffer: pick(rng, mem),
+                offset: size(rng),
+                key: rng.random_range(0..4),
+                sync: sync(rng),
+            },
+            vec![],
+        ),
+        25 => (
+            Call::LanePiece {
+                key: rng.random_range(0..4),
+            },
+            vec![5; rng.random_range(0..64)],
+        ),
+        26 => (
+            Call::JoinLane {
+                session: rng.random_range(0..4),
+                lane: rng.random_range(0..4),
+                secret: rng.random(),
+            },
+            vec![],
+        ),
         _ => (Call::Sync, vec![]),
     }
 }
@@ -489,7 +515,38 @@ fn session_bytes(rng: &mut StdRng, kind: u32) -> (Vec<u8>, usize) {
     let mut out = Vec::new();
     let mut seq = 0;
     match kind {
-        0 => out.extend((0..rng.random_range(0..200)).map(|_| rng.random::<u8>())),
+        0 if rng.random() => out.extend((0..rng.random_range(0..200)).map(|_| rng.random::<u8>())),
+        // A would-be lane: a JoinLane with a guessed secret, then pieces.
+        0 => {
+            seq += 1;
+            let mut join = frame(
+                seq,
+                &Call::JoinLane {
+                    session: rng.random_range(0..8),
+                    lane: rng.random_range(0..4),
+                    secret: rng.random(),
+                },
+                &[],
+            );
+            if rng.random() {
+                mutate(rng, &mut join);
+            }
+            out.extend(join);
+            for _ in 0..rng.random_range(0..4) {
+                seq += 1;
+                let mut piece = frame(
+                    seq,
+                    &Call::LanePiece {
+                        key: rng.random_range(0..4),
+                    },
+                    &vec![3; rng.random_range(1..256)],
+                );
+                if rng.random() {
+                    mutate(rng, &mut piece);
+                }
+                out.extend(piece);
+            }
+        }
         1 => {
             seq += 1;
             let mut hello = frame(
