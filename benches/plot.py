@@ -102,10 +102,18 @@ def stoppage(args):
         n: [(mib, sum(v) / len(v)) for mib, v in sorted(pts.items())]
         for n, pts in series.items()
     }
+    by_size(
+        out,
+        f"Stoppage by memory held (crane per-phase account), {machine}, {rate:g}% rewritten per second",
+        "stoppage (ms)",
+        {n: pts for n, pts in series.items() if pts},
+    )
+
+
+def by_size(out, title, ylabel, series):
+    """One line per series (name: [(MiB, ms)]) on log-log axes of memory held."""
     files = []
     for name, pts in series.items():
-        if not pts:
-            continue
         with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
             for x, y in pts:
                 t.write(f"{x} {y}\n")
@@ -114,10 +122,10 @@ def stoppage(args):
     gnuplot(
         f"""set terminal pngcairo size 900,520 font ',10'
 set output '{out}'
-set title 'Stoppage by memory held (crane per-phase account), {machine}, {rate:g}% rewritten per second'
+set title '{title}'
 set logscale xy
 set xlabel 'device memory held by the application (MiB)'
-set ylabel 'stoppage (ms)'
+set ylabel '{ylabel}'
 set grid
 set key top left
 plot {plots}
@@ -127,7 +135,7 @@ plot {plots}
 
 def lanes(args):
     out, title, runs = args[0], args[1], args[2:]
-    files = []
+    series = {}
     for run in runs:
         label, paths = run.split("=", 1)
         first, later = {}, {}
@@ -141,22 +149,12 @@ def lanes(args):
                 seen.add(key)
                 into.setdefault(s["mib"], []).append(s["app_pause_ms"])
         for name, pts in ((f"{label}, first move", first), (f"{label}, next moves", later)):
-            with tempfile.NamedTemporaryFile("w", suffix=".dat", delete=False) as t:
-                for mib, v in sorted(pts.items()):
-                    t.write(f"{mib} {sum(v) / len(v)}\n")
-                files.append((name, t.name))
-    plots = ", ".join(f"'{f}' using 1:2 with linespoints title '{n}'" for n, f in files)
-    gnuplot(
-        f"""set terminal pngcairo size 900,520 font ',10'
-set output '{out}'
-set title 'Move to crane-proxy without pre-copy: pause of the application, {title}'
-set logscale xy
-set xlabel 'device memory held by the application (MiB)'
-set ylabel 'pause (ms)'
-set grid
-set key top left
-plot {plots}
-"""
+            series[name] = [(mib, sum(v) / len(v)) for mib, v in sorted(pts.items())]
+    by_size(
+        out,
+        f"Move to crane-proxy without pre-copy: pause of the application, {title}",
+        "pause (ms)",
+        series,
     )
 
 

@@ -113,12 +113,17 @@ struct State {
     joined: bool,
     /// Pieces delivered and not yet written, with their lane.
     pieces: HashMap<u64, (u32, HostBuf)>,
-    /// Per lane: its pieces held.
-    held: HashMap<u32, usize>,
     /// When a lane last joined or delivered a piece.
     progress: Option<Instant>,
     /// The session has ended.
     ended: bool,
+}
+
+impl State {
+    /// The pieces lane `lane` delivered that the session has not written.
+    fn held(&self, lane: u32) -> usize {
+        self.pieces.values().filter(|(l, _)| *l == lane).count()
+    }
 }
 
 impl Lanes {
@@ -149,10 +154,7 @@ impl Lanes {
     pub fn take(&self, key: u64) -> Result<HostBuf, cl_int> {
         let mut st = lock(&self.state);
         loop {
-            if let Some((lane, piece)) = st.pieces.remove(&key) {
-                if let Some(n) = st.held.get_mut(&lane) {
-                    *n = n.saturating_sub(1);
-                }
+            if let Some((_, piece)) = st.pieces.remove(&key) {
                 self.cond.notify_all();
                 return Ok(piece);
             }
@@ -204,7 +206,7 @@ impl Lanes {
     /// session has ended.
     fn room(&self, lane: u32) -> bool {
         let mut st = lock(&self.state);
-        while !st.ended && st.held.get(&lane).copied().unwrap_or(0) >= LANE_HELD {
+        while !st.ended && st.held(lane) >= LANE_HELD {
             st = self.cond.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         !st.ended
@@ -219,7 +221,6 @@ impl Lanes {
             return Err(format!("piece {key} was delivered twice"));
         }
         st.pieces.insert(key, (lane, piece));
-        *st.held.entry(lane).or_default() += 1;
         st.progress = Some(Instant::now());
         self.cond.notify_all();
         Ok(())

@@ -1493,11 +1493,7 @@ fn lane_bytes(mems: &[Arc<Mem>]) -> u64 {
     }
     let pending = reads().pending.clone();
     mems.iter()
-        .filter(|m| {
-            matches!(m.kind, MemKind::Buffer)
-                && m.flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS | CL_MEM_USE_HOST_PTR)
-                    == 0
-        })
+        .filter(|m| crate::remote::ahead::eligible(m))
         .map(|m| {
             if pending.contains(&(Arc::as_ptr(m) as usize)) {
                 return m.size as u64;

@@ -55,7 +55,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Buffers whose RAM copy the move would write into a new buffer with a
 /// write (what [`Call::EnqueueWriteStash`] stands in for).
-fn eligible(m: &Mem) -> bool {
+pub fn eligible(m: &Mem) -> bool {
     matches!(m.kind, MemKind::Buffer)
         && m.flags & (CL_MEM_USE_HOST_PTR | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS) == 0
 }
@@ -264,26 +264,24 @@ pub fn take_session(addr: &str, token: &str) -> Option<Arc<Session>> {
 pub fn blob_for(m: &Mem, generation: u64) -> Option<u64> {
     let mut taken = lock(&TAKEN);
     let sent = taken.as_mut()?;
-    let key_of = std::ptr::from_ref(m) as usize;
-    match sent.get(&key_of) {
-        Some(s) if s.generation == generation && eligible(m) => {
-            let key = s.key;
-            sent.remove(&key_of);
-            Some(key)
-        }
-        _ => None,
-    }
+    let key = sent_at(sent, m, generation)?;
+    sent.remove(&(std::ptr::from_ref(m) as usize));
+    Some(key)
 }
 
 /// At the rebuild: whether a blob holds `m`'s RAM copy at `generation`
 /// (without taking it).
 pub fn holds(m: &Mem, generation: u64) -> bool {
-    let taken = lock(&TAKEN);
-    let key_of = std::ptr::from_ref(m) as usize;
-    taken
+    lock(&TAKEN)
         .as_ref()
-        .and_then(|sent| sent.get(&key_of))
-        .is_some_and(|s| s.generation == generation && eligible(m))
+        .is_some_and(|sent| sent_at(sent, m, generation).is_some())
+}
+
+/// The key of the blob in `sent` that holds `m`'s RAM copy at `generation`.
+fn sent_at(sent: &HashMap<usize, Sent>, m: &Mem, generation: u64) -> Option<u64> {
+    sent.get(&(std::ptr::from_ref(m) as usize))
+        .filter(|s| s.generation == generation && eligible(m))
+        .map(|s| s.key)
 }
 
 /// After the move's rebuild (done or not): the blobs it did not use are

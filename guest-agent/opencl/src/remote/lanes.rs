@@ -17,8 +17,8 @@
 //! 1.6, or configured without) gets everything over the session's own
 //! connection, as before.
 
+use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -67,7 +67,6 @@ unsafe impl Send for Piece {}
 pub struct Lanes {
     queues: Vec<SyncSender<Piece>>,
     threads: Vec<JoinHandle<Result<u64, String>>>,
-    streams: Vec<Arc<Mutex<Stream>>>,
     next: usize,
 }
 
@@ -107,7 +106,6 @@ impl Lanes {
         let mut lanes = Lanes {
             queues: Vec::new(),
             threads: Vec::new(),
-            streams: Vec::new(),
             next: 0,
         };
         for lane in 0..count {
@@ -127,17 +125,14 @@ impl Lanes {
         Some(lanes)
     }
 
-    fn start(&mut self, lane: u32, stream: Stream) -> Result<(), String> {
-        let stream = Arc::new(Mutex::new(stream));
+    fn start(&mut self, lane: u32, mut stream: Stream) -> Result<(), String> {
         let (tx, rx) = sync_channel::<Piece>(QUEUED);
-        let s = stream.clone();
         let t = std::thread::Builder::new()
             .name(format!("crane-lane-{lane}"))
-            .spawn(move || carry(&s, rx))
+            .spawn(move || carry(&mut stream, rx))
             .map_err(|e| lane_error("cannot start its thread", e))?;
         self.queues.push(tx);
         self.threads.push(t);
-        self.streams.push(stream);
         Ok(())
     }
 
@@ -177,9 +172,6 @@ impl Lanes {
                 Err(_) => failed = failed.or(Some("a lane's thread panicked".to_string())),
             }
         }
-        // The proxy has every byte once the socket has taken it; closing
-        // (the streams dropped here) tells it no more pieces come.
-        drop(self.streams);
         failed.map_or(Ok(sent), Err)
     }
 }
@@ -192,15 +184,15 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// ends its side and waits for the proxy's end: a lane the proxy ended
 /// (`Goodbye`: a piece cut short, a limit) fails, with the proxy's reason.
 /// After a failure it drops what is still queued (the rebuild fails).
-fn carry(stream: &Mutex<Stream>, rx: Receiver<Piece>) -> Result<u64, String> {
+fn carry(stream: &mut Stream, rx: Receiver<Piece>) -> Result<u64, String> {
     let sent = send_pieces(stream, rx)?;
-    let mut r = stream.lock().unwrap_or_else(|e| e.into_inner());
-    r.shutdown_write();
-    r.set_read_timeout(Some(CLOSE_TIMEOUT))
+    stream.shutdown_write();
+    stream
+        .set_read_timeout(Some(CLOSE_TIMEOUT))
         .map_err(|e| lane_error("closing", e))?;
     let mut body = Vec::new();
     loop {
-        match crane_wire::read_frame(&mut *r, 0, &mut body) {
+        match crane_wire::read_frame(stream, 0, &mut body) {
             Ok(None) => return Ok(sent),
             Ok(Some(_)) => {
                 if let Ok(Answer::Goodbye { reason }) = crane_wire::decode::<Answer>(&body) {
@@ -212,8 +204,7 @@ fn carry(stream: &Mutex<Stream>, rx: Receiver<Piece>) -> Result<u64, String> {
     }
 }
 
-fn send_pieces(stream: &Mutex<Stream>, rx: Receiver<Piece>) -> Result<u64, String> {
-    let mut w = stream.lock().unwrap_or_else(|e| e.into_inner());
+fn send_pieces(w: &mut Stream, rx: Receiver<Piece>) -> Result<u64, String> {
     let mut header = Vec::with_capacity(64);
     let mut sent = 0u64;
     for (seq, p) in (2u64..).zip(rx.iter()) {
@@ -227,7 +218,7 @@ fn send_pieces(stream: &Mutex<Stream>, rx: Receiver<Piece>) -> Result<u64, Strin
             p.len as u64,
         )
         .map_err(|e| lane_error("cannot encode a piece", e))?;
-        write_two(&mut w, &header, data).map_err(|e| lane_error("sending failed", e))?;
+        write_two(w, &header, data).map_err(|e| lane_error("sending failed", e))?;
         sent += p.len as u64;
     }
     Ok(sent)

@@ -84,7 +84,7 @@ impl Stream {
         };
     }
 
-    pub(super) fn shutdown(&self) {
+    fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
