@@ -17,7 +17,7 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use opencl_sys::cl_icd::_cl_icd_dispatch;
@@ -40,6 +40,9 @@ pub enum Kind {
     Program = 0x43_52_07,
     Kernel = 0x43_52_08,
     Event = 0x43_52_09,
+    /// Objects of unit tests only.
+    #[cfg(test)]
+    Test = 0x43_52_7f,
 }
 
 /// One handle as the application sees it.
@@ -132,7 +135,12 @@ pub struct Base {
     /// The vendor's object, replaced when the vendor library is reloaded; null
     /// while suspended or when the application has released it.
     vendor: AtomicPtr<c_void>,
+    /// When it was made, among all tracked objects (see [`live`]).
+    seq: u64,
 }
+
+/// The next [`Base::seq`].
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Base {
     pub fn new(vendor: *mut c_void) -> Base {
@@ -140,6 +148,7 @@ impl Base {
             slot: AtomicPtr::new(ptr::null_mut()),
             app_refs: AtomicU32::new(1),
             vendor: AtomicPtr::new(vendor),
+            seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
         }
     }
     #[inline(always)]
@@ -307,8 +316,17 @@ pub fn on_drop<T: ClObject>(base: &Base) {
     }
 }
 
-/// Every live object of kind T, in slot order, as strong references. Used while
-/// the gate is closed (suspend/resume/list), never on a hot path.
+/// Every live object of kind T, oldest first, as strong references. Used
+/// while the gate is closed (suspend/resume/list), never on a hot path.
+///
+/// Oldest first, not in slot order (slots are recycled): a resume remakes
+/// objects in this order and a suspend gives some back in its reverse, so
+/// that the vendor sees them made and released in the order the program
+/// made them. NVIDIA (580.159.04) crashes in clReleaseMemObject when
+/// overlapping sub-buffers are released oldest first, natively too
+/// (benches/subbuf-release.c); after a resume that had remade them in slot
+/// order, the program's own newest-first release was that order for the
+/// vendor (the CTS's test_buffers under suspend/resume cycles).
 ///
 /// The gate stops the application's calls, not crane's own threads, which
 /// drop objects meanwhile (a command's event once it completes, on the
@@ -326,7 +344,7 @@ pub fn live<T: ClObject>() -> Vec<Arc<T>> {
     };
     let _free = a.free.lock().unwrap_or_else(|e| e.into_inner());
     let used = ARENA_USED.load(Ordering::Acquire) / SLOT_SIZE;
-    (0..used)
+    let mut all = (0..used)
         .filter_map(|i| {
             // SAFETY: i < used <= ARENA_SLOTS.
             let slot = unsafe { &*a.base.add(i) };
@@ -343,7 +361,9 @@ pub fn live<T: ClObject>() -> Vec<Arc<T>> {
             let weak = std::mem::ManuallyDrop::new(unsafe { Weak::from_raw(obj) });
             weak.upgrade()
         })
-        .collect()
+        .collect::<Vec<Arc<T>>>();
+    all.sort_unstable_by_key(|o| o.base().seq);
+    all
 }
 
 #[cfg(test)]
@@ -400,5 +420,57 @@ mod tests {
         );
         assert!(live::<Dying>().is_empty());
         assert!(get::<Dying>(slot.cast()).is_none());
+    }
+
+    struct Made {
+        base: Base,
+    }
+
+    impl ClObject for Made {
+        const KIND: Kind = Kind::Test;
+        fn base(&self) -> &Base {
+            &self.base
+        }
+    }
+
+    impl Drop for Made {
+        fn drop(&mut self) {
+            on_drop::<Made>(&self.base);
+        }
+    }
+
+    /// Once slots are recycled, a new object can sit in a slot before older
+    /// ones: `live` still lists them oldest first (what a resume remakes
+    /// them in, and a suspend gives sub-buffers back in reverse of).
+    #[test]
+    fn live_lists_objects_oldest_first_whatever_their_slots() {
+        let make = || {
+            let o = Arc::new(Made {
+                base: Base::new(ptr::null_mut()),
+            });
+            publish(o.clone());
+            o
+        };
+        let release = |o: Arc<Made>| {
+            assert!(app_release(&*o));
+        };
+        let mut gone: Vec<Arc<Made>> = (0..1100).map(|_| make()).collect();
+        let kept = gone.split_off(1090);
+        for o in gone {
+            release(o);
+        }
+        let newer: Vec<Arc<Made>> = (0..3).map(|_| make()).collect();
+        let slot = |o: &Arc<Made>| o.base.handle::<c_void>() as usize;
+        assert!(
+            newer.iter().any(|n| kept.iter().any(|k| slot(n) < slot(k))),
+            "no new object took a recycled slot: the test shows nothing"
+        );
+        let want: Vec<*const Made> = kept.iter().chain(&newer).map(Arc::as_ptr).collect();
+        let got: Vec<*const Made> = live::<Made>().iter().map(Arc::as_ptr).collect();
+        assert_eq!(got, want);
+        for o in kept.into_iter().chain(newer) {
+            release(o);
+        }
+        assert!(live::<Made>().is_empty());
     }
 }
