@@ -1,7 +1,19 @@
-//! Vendor bugs crane-proxy works around for its sessions, each narrowed to
-//! the versions that have it (docs/architecture.md, "Vendor quirks"; the
-//! version tests are `crane_vendor_loader::quirks`, shared with the
-//! interposer).
+//! Vendor bugs crane-proxy works around for its sessions (docs/architecture.md,
+//! "Vendor quirks"; the version tests are `crane_vendor_loader::quirks`,
+//! shared with the interposer).
+//!
+//! NVIDIA (580.159.04) crashes in clReleaseMemObject when overlapping
+//! sub-buffers of one buffer are released oldest first, natively too
+//! (benches/subbuf-release.c: every run of 150 rounds crashed within them on
+//! an H200; newest first, none in 300 rounds). On crane-proxy that would let
+//! one session, by releasing its own sub-buffers in that order (as a
+//! program may: OpenCL allows any order), end the proxy and every other
+//! session on it. So the vendor always sees a buffer's sub-buffers released
+//! newest first: a session's release of a sub-buffer made before others of
+//! the same buffer that are still alive is held back (the vendor object
+//! kept, the client's id gone as usual) until those are released. It holds
+//! no memory (a sub-buffer aliases its parent, which the newer ones keep
+//! alive anyway), so it applies to every vendor.
 //!
 //! PoCL before 7.0 leaks a context reference per `CL_MEM_OBJECT_IMAGE1D_BUFFER`
 //! image: clCreateImage retains the context for every image, and
@@ -24,24 +36,48 @@ use crate::session::objects::{Detail, Kind};
 use crate::session::release;
 use crate::vendor::{VPtr, Vendor, vfn};
 
-/// One session's context references its vendor leaked and the session has
-/// not given back yet, per vendor context.
+/// One session's bookkeeping for the quirks: the context references its
+/// vendor leaked and the session has not given back yet, per vendor
+/// context; and its live sub-buffers per parent buffer.
 #[derive(Default)]
-pub(crate) struct Leaked(HashMap<VPtr, u32>);
+pub(crate) struct Quirks {
+    leaked: HashMap<VPtr, u32>,
+    subs: SubBuffers,
+}
 
-impl Leaked {
+/// Sub-buffers per parent (vendor handles), oldest first, each with whether
+/// the session has released it (its vendor release held back).
+#[derive(Default)]
+struct SubBuffers {
+    by_parent: HashMap<VPtr, Vec<(VPtr, bool)>>,
+    parent_of: HashMap<VPtr, VPtr>,
+}
+
+impl Quirks {
+    /// Notes sub-buffer `sub` of buffer `parent`, just made.
+    pub fn made_sub_buffer(&mut self, parent: VPtr, sub: VPtr) {
+        self.subs
+            .by_parent
+            .entry(parent)
+            .or_default()
+            .push((sub, false));
+        self.subs.parent_of.insert(sub, parent);
+    }
+
     /// Gives back the session's reference to vendor object `h`
     /// ([`release`]), noting the context reference its vendor leaks when it
-    /// destroys a 1D image buffer, and giving a context the references
-    /// noted in it before the session's own.
+    /// destroys a 1D image buffer, giving a context the references noted in
+    /// it before the session's own, and holding back a sub-buffer's release
+    /// until the newer ones of its buffer are released.
     pub fn release(&mut self, vendor: &Vendor, kind: Kind, detail: Detail, h: VPtr) -> cl_int {
         match (kind, detail) {
+            (Kind::Mem, Detail::Mem { sub: true, .. }) => self.subs.release(h),
             (Kind::Mem, Detail::Mem { image: Some(_), .. }) => {
                 // Asked before the release: the image may be gone after it.
                 let leaks_in = leaks_in(vendor, h);
                 let rc = release(kind, detail, h);
                 if let (Some(ctx), CL_SUCCESS) = (leaks_in, rc) {
-                    *self.0.entry(ctx).or_default() += 1;
+                    *self.leaked.entry(ctx).or_default() += 1;
                 }
                 rc
             }
@@ -51,21 +87,61 @@ impl Leaked {
                 // command pending) is destroyed only when the command
                 // completes, and until then the command's queue holds the
                 // context.
-                give_back(h, self.0.remove(&h).unwrap_or(0));
+                give_back(h, self.leaked.remove(&h).unwrap_or(0));
                 release(kind, detail, h)
             }
             _ => release(kind, detail, h),
         }
     }
 
-    /// Gives back what was leaked in contexts the session had released
-    /// before the images made in them (OpenCL allows that order): at the
-    /// session's end, every one of its objects released. Each such context
-    /// is still alive, held by the very references given back here.
+    /// At the session's end, every one of its objects released: gives
+    /// back the sub-buffers still held back (none once the newer ones went:
+    /// only those of a vendor release that failed) and what was leaked in
+    /// contexts the session had released before the images made in them
+    /// (OpenCL allows that order). Each such context is still alive, held
+    /// by the very references given back here.
     pub fn give_back_rest(&mut self) {
-        for (ctx, n) in self.0.drain() {
+        for (_, mut subs) in self.subs.by_parent.drain() {
+            while let Some((sub, _)) = subs.pop() {
+                release(Kind::Mem, Detail::Plain, sub);
+            }
+        }
+        self.subs.parent_of.clear();
+        for (ctx, n) in self.leaked.drain() {
             give_back(ctx, n);
         }
+    }
+}
+
+impl SubBuffers {
+    /// The session's release of sub-buffer `h`: it and every older one
+    /// released before it are given back to the vendor, newest first, once
+    /// no newer one of the same buffer is alive; until then `h` is held.
+    /// The vendor's answer for `h`, or success where it is held.
+    fn release(&mut self, h: VPtr) -> cl_int {
+        let Some(parent) = self.parent_of.get(&h).copied() else {
+            return release(Kind::Mem, Detail::Plain, h);
+        };
+        let subs = self
+            .by_parent
+            .get_mut(&parent)
+            .expect("noted with its parent");
+        if let Some(s) = subs.iter_mut().find(|(s, _)| *s == h) {
+            s.1 = true;
+        }
+        let mut rc = CL_SUCCESS;
+        while let Some(&(sub, true)) = subs.last() {
+            subs.pop();
+            self.parent_of.remove(&sub);
+            let r = release(Kind::Mem, Detail::Plain, sub);
+            if sub == h {
+                rc = r;
+            }
+        }
+        if subs.is_empty() {
+            self.by_parent.remove(&parent);
+        }
+        rc
     }
 }
 
@@ -112,7 +188,7 @@ fn mem_info<T: Copy + Default>(h: VPtr, param: cl_mem_info) -> Option<T> {
 #[cfg(test)]
 mod tests {
     //! On the vendor this machine has (PoCL 3.1 here, which has the leak):
-    //! a session's objects released through [`Leaked`] as a session does,
+    //! a session's objects released through [`Quirks`] as a session does,
     //! and the vendor context must really be gone after the session's last
     //! reference (its destructor callback ran), and not before.
 
@@ -122,7 +198,7 @@ mod tests {
     use super::*;
 
     /// The counts of destructor callbacks run, one slot per test.
-    static DESTROYED: [AtomicU32; 2] = [AtomicU32::new(0), AtomicU32::new(0)];
+    static DESTROYED: [AtomicU32; 3] = [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)];
 
     extern "C" fn destroyed(_ctx: cl_context, slot: *mut c_void) {
         DESTROYED[slot as usize].fetch_add(1, Ordering::SeqCst);
@@ -258,7 +334,7 @@ mod tests {
         let two = image(ctx, Some(buf));
         // An image of its own: PoCL releases its context reference itself.
         let own = image(ctx, None);
-        let mut leaked = Leaked::default();
+        let mut leaked = Quirks::default();
         for (h, detail) in [one, two, own, (buf, buf_detail)] {
             assert_eq!(leaked.release(&v, Kind::Mem, detail, h), CL_SUCCESS);
         }
@@ -286,7 +362,7 @@ mod tests {
         let ctx = context(&v, 1);
         let (buf, buf_detail) = buffer(ctx);
         let (img, img_detail) = image(ctx, Some(buf));
-        let mut leaked = Leaked::default();
+        let mut leaked = Quirks::default();
         // OpenCL allows the context to go first: its objects keep it.
         assert_eq!(
             leaked.release(&v, Kind::Context, Detail::Plain, ctx),
@@ -300,5 +376,105 @@ mod tests {
             1,
             "the context outlived the session"
         );
+    }
+
+    /// Sub-buffers destroyed, in order (by the index their destructor
+    /// callback was given).
+    static SUBS_GONE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+    extern "C" fn sub_gone(_m: cl_mem, i: *mut c_void) {
+        SUBS_GONE.lock().unwrap().push(i as usize);
+    }
+
+    /// Overlapping sub-buffers 0..n of `buf`, oldest first, each reporting
+    /// its destruction with its index plus `base`.
+    fn subs(buf: VPtr, n: usize, base: usize, q: &mut Quirks) -> Vec<VPtr> {
+        (0..n)
+            .map(|i| {
+                let f = vfn!(buf.get(), clCreateSubBuffer).unwrap();
+                let region = cl_buffer_region {
+                    origin: 0,
+                    size: 1024 * (i + 1),
+                };
+                let mut err = CL_SUCCESS;
+                // SAFETY: a live 4096-byte buffer; a region inside it.
+                let h = unsafe {
+                    f(
+                        buf.get().cast(),
+                        CL_MEM_READ_ONLY,
+                        CL_BUFFER_CREATE_TYPE_REGION,
+                        (&raw const region).cast(),
+                        &mut err,
+                    )
+                };
+                assert_eq!(err, CL_SUCCESS);
+                let cb = vfn!(buf.get(), clSetMemObjectDestructorCallback).unwrap();
+                // SAFETY: a live sub-buffer; the callback only records its index.
+                let rc = unsafe { cb(h, Some(sub_gone), (base + i) as *mut c_void) };
+                assert_eq!(rc, CL_SUCCESS);
+                q.made_sub_buffer(buf, VPtr(h.cast()));
+                VPtr(h.cast())
+            })
+            .collect()
+    }
+
+    fn gone(base: usize) -> Vec<usize> {
+        let all = SUBS_GONE.lock().unwrap();
+        all.iter()
+            .filter(|&&i| i / 100 == base / 100)
+            .copied()
+            .collect()
+    }
+
+    /// A session releasing its sub-buffers oldest first (what crashed
+    /// NVIDIA): the vendor sees them go newest first, each only once no
+    /// newer one of its buffer is alive; released newest first they go at
+    /// once; and those still held at the session's end go with it.
+    #[test]
+    fn sub_buffers_reach_the_vendor_released_newest_first() {
+        let v = vendor();
+        let ctx = context(&v, 2);
+        let (buf, buf_detail) = buffer(ctx);
+        let mut q = Quirks::default();
+        let sub = Detail::Mem {
+            extent: 1024,
+            charged: 0,
+            image: None,
+            sub: true,
+        };
+        // Oldest first: held until the newest goes, then all, newest first.
+        let s = subs(buf, 3, 100, &mut q);
+        assert_eq!(q.release(&v, Kind::Mem, sub, s[0]), CL_SUCCESS);
+        assert_eq!(q.release(&v, Kind::Mem, sub, s[1]), CL_SUCCESS);
+        assert_eq!(
+            gone(100),
+            Vec::<usize>::new(),
+            "released before a newer one"
+        );
+        assert_eq!(q.release(&v, Kind::Mem, sub, s[2]), CL_SUCCESS);
+        assert_eq!(gone(100), vec![102, 101, 100]);
+        // Newest first, as a program's teardown does: each at once.
+        let s = subs(buf, 3, 200, &mut q);
+        for (k, h) in s.iter().rev().enumerate() {
+            assert_eq!(q.release(&v, Kind::Mem, sub, *h), CL_SUCCESS);
+            assert_eq!(gone(200).len(), k + 1);
+        }
+        assert_eq!(gone(200), vec![202, 201, 200]);
+        // The middle one released, the session ends: it goes with the
+        // session's other releases (the newest one last released by it).
+        let s = subs(buf, 3, 300, &mut q);
+        assert_eq!(q.release(&v, Kind::Mem, sub, s[1]), CL_SUCCESS);
+        assert_eq!(q.release(&v, Kind::Mem, sub, s[2]), CL_SUCCESS);
+        assert_eq!(gone(300), vec![302, 301]);
+        let s0 = s[0];
+        let _newer = subs(buf, 1, 400, &mut q);
+        assert_eq!(q.release(&v, Kind::Mem, sub, s0), CL_SUCCESS);
+        assert_eq!(gone(300), vec![302, 301], "s0 is older than a live one");
+        q.give_back_rest();
+        assert_eq!(gone(400), vec![400]);
+        assert_eq!(gone(300), vec![302, 301, 300]);
+        assert_eq!(q.release(&v, Kind::Mem, buf_detail, buf), CL_SUCCESS);
+        assert_eq!(q.release(&v, Kind::Context, Detail::Plain, ctx), CL_SUCCESS);
+        assert_eq!(DESTROYED[2].load(Ordering::SeqCst), 1);
     }
 }

@@ -98,7 +98,7 @@ impl Session {
             return Ok(());
         }
         check(
-            self.leaked
+            self.quirks
                 .release(&self.shared.vendor, o.kind, o.detail, h),
         )
     }

@@ -190,8 +190,10 @@ impl Session {
                     &mut err,
                 )
             };
+            let h = made(h, err)?;
+            s.quirks.made_sub_buffer(p, h);
             Ok((
-                made(h, err)?,
+                h,
                 Detail::Mem {
                     extent: size,
                     charged: 0,

@@ -88,9 +88,10 @@ pub(crate) struct Session {
     pub(crate) warm_refills: Vec<crate::warm::Refill>,
     /// The session's lanes, once it asked for them (`crate::lanes`).
     pub(crate) lanes: Option<Arc<crate::lanes::Lanes>>,
-    /// Context references the vendor leaked, given back with the contexts
+    /// Vendor bugs worked around for the session's releases: context
+    /// references the vendor leaked, sub-buffers released newest first
     /// (`crate::quirks`).
-    pub(crate) leaked: crate::quirks::Leaked,
+    pub(crate) quirks: crate::quirks::Quirks,
 }
 
 /// Serves one accepted connection until it ends.
@@ -172,7 +173,7 @@ pub(crate) fn serve(stream: Arc<Stream>, shared: Arc<Shared>, id: u64) {
         stash_pool: None,
         warm_refills: Vec::new(),
         lanes: None,
-        leaked: crate::quirks::Leaked::default(),
+        quirks: crate::quirks::Quirks::default(),
     };
     writer.send(
         hello_seq,
@@ -997,9 +998,9 @@ impl Session {
         let all = self.objects.take_for_teardown();
         let n = all.len();
         for (kind, detail, h) in all {
-            self.leaked.release(&self.shared.vendor, kind, detail, h);
+            self.quirks.release(&self.shared.vendor, kind, detail, h);
         }
-        self.leaked.give_back_rest();
+        self.quirks.give_back_rest();
         // Pinned buffers still in use keep their pool (and its context).
         self.pinned_by_queue.clear();
         self.pinned_pools.clear();
