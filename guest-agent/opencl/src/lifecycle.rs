@@ -312,7 +312,9 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
     // Queues of crane's own, one per context, not the application's: its work
     // goes on meanwhile.
     let mut own: Vec<(*const Context, *mut c_void)> = Vec::new();
-    for m in &targets {
+    let sizes: Vec<usize> = targets.iter().map(|m| m.size).collect();
+    let (fresh, _faulting) = HostBytes::fresh_in_order(&sizes);
+    for (m, mut data) in targets.iter().zip(fresh) {
         if failed.is_some() {
             m.dirty.store(true, Ordering::Relaxed);
             continue;
@@ -325,7 +327,6 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
                 q
             }),
         };
-        let mut data = HostBytes::zeroed(m.size);
         let pin = data.pin(&m.context);
         let read = q.and_then(|q| {
             read_buffer(
@@ -655,6 +656,20 @@ fn install(m: &Mem, data: HostBytes) -> Option<HostBytes> {
     Some(data)
 }
 
+/// Whether RAM lacks `m`'s device contents: written by the device, and
+/// dirty or without a RAM copy (the host memory behind a
+/// `CL_MEM_USE_HOST_PTR` object holds them otherwise).
+fn needs_read(m: &Mem) -> bool {
+    let has_copy = m
+        .shadow
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .data()
+        .is_some();
+    m.ever_written.load(Ordering::Relaxed)
+        && (m.dirty.load(Ordering::Relaxed) || (!has_copy && m.flags & CL_MEM_USE_HOST_PTR == 0))
+}
+
 /// Reads every object whose device contents RAM does not hold: into the RAM
 /// copies, or with `stage` into fresh memory returned for
 /// [`ReadBack::install`].
@@ -662,7 +677,37 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
     let mut out = ReadBack::default();
     let queues = handle::live::<Queue>();
     let mut ahead = std::mem::take(&mut *read_ahead());
-    for m in handle::live::<Mem>() {
+    let mems = handle::live::<Mem>();
+    // Fresh RAM copies for the buffers read below on this thread, faulted
+    // in by helpers ahead of the reads.
+    let fresh_for: Vec<&Arc<Mem>> = if stage {
+        Vec::new()
+    } else {
+        mems.iter()
+            .filter(|m| {
+                matches!(m.kind, MemKind::Buffer)
+                    && !m.base.vendor().is_null()
+                    && !(defer.is_some()
+                        && m.flags & (CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_NO_ACCESS) == 0)
+                    && (m.dirty.load(Ordering::Relaxed)
+                        || !ahead.iter().any(|(w, _)| std::ptr::eq(w.as_ptr(), &***m)))
+                    && needs_read(m)
+                    && m.shadow
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .data()
+                        .is_none_or(|d| d.len() != m.size)
+            })
+            .collect()
+    };
+    let sizes: Vec<usize> = fresh_for.iter().map(|m| m.size).collect();
+    let (fresh, _faulting) = HostBytes::fresh_in_order(&sizes);
+    let mut fresh: HashMap<usize, HostBytes> = fresh_for
+        .iter()
+        .map(|m| Arc::as_ptr(m) as usize)
+        .zip(fresh)
+        .collect();
+    for m in mems {
         let v = m.base.vendor();
         if v.is_null() || matches!(m.kind, MemKind::SubBuffer { .. } | MemKind::Pipe { .. }) {
             continue;
@@ -683,16 +728,7 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
             }
             continue;
         }
-        let has_copy = m
-            .shadow
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .data()
-            .is_some();
-        let needed = m.ever_written.load(Ordering::Relaxed)
-            && (m.dirty.load(Ordering::Relaxed)
-                || (!has_copy && m.flags & CL_MEM_USE_HOST_PTR == 0));
-        if !needed {
+        if !needs_read(&m) {
             continue;
         }
         let data = match &m.kind {
@@ -720,6 +756,7 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
                         .unwrap_or_else(|e| e.into_inner())
                         .replace(None)
                         .filter(|d| d.len() == m.size)
+                        .or_else(|| fresh.remove(&(Arc::as_ptr(&m) as usize)))
                         .unwrap_or_else(|| HostBytes::zeroed(m.size))
                 };
                 let pin = data.pin(&m.context);
@@ -1131,11 +1168,11 @@ fn take_vendor_objects() -> Held {
     take_kind::<Mem>(&mut held, Family::Mem, |m| {
         matches!(m.kind, MemKind::Image { .. })
     });
-    // Sub-buffers newest first, as a program's own teardown releases them:
-    // NVIDIA (580.159.04) crashed in clReleaseMemObject on the second of 16
-    // overlapping sub-buffers released in creation order (the CTS's
-    // test_buffers sub_buffers_overlapping under suspend/resume cycles, 10
-    // crashes in 35 runs on an H200; newest first, none in 37).
+    // Sub-buffers newest first (`live` lists objects oldest first), as a
+    // program's own teardown releases them: NVIDIA (580.159.04) crashes in
+    // clReleaseMemObject on one of 16 overlapping sub-buffers released in
+    // creation order, natively too (benches/subbuf-release.c: 4 of 4 runs
+    // of 150 rounds crashed on an H200; newest first, none in 300 rounds).
     let first = held.steps.len();
     take_kind::<Mem>(&mut held, Family::Mem, |m| {
         matches!(m.kind, MemKind::SubBuffer { .. })
@@ -2354,10 +2391,27 @@ impl Deferred {
     fn run(mut self, held: Held, detached: vendor::Detached) -> AfterReads {
         let t = Instant::now();
         let jobs = std::mem::take(&mut self.jobs);
+        // Fresh RAM copies for the buffers without one, faulted in by
+        // helpers ahead of the reads.
+        let fresh_for: Vec<usize> = jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| {
+                j.m.shadow
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .data()
+                    .is_none_or(|d| d.len() != j.m.size)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let sizes: Vec<usize> = fresh_for.iter().map(|&i| jobs[i].m.size).collect();
+        let (fresh, faulting) = HostBytes::fresh_in_order(&sizes);
+        let mut fresh: HashMap<usize, HostBytes> = fresh_for.into_iter().zip(fresh).collect();
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut bytes = 0u64;
-            for j in &jobs {
-                read_job(j)?;
+            for (i, j) in jobs.iter().enumerate() {
+                read_job(j, fresh.remove(&i))?;
                 bytes += j.m.size as u64;
                 reads().pending.remove(&(Arc::as_ptr(&j.m) as usize));
                 READ_DONE.notify_all();
@@ -2365,6 +2419,7 @@ impl Deferred {
             Ok(bytes)
         }))
         .unwrap_or(Err(CL_OUT_OF_HOST_MEMORY));
+        drop(faulting);
         self.drop_queues();
         let read_time = t.elapsed();
         match read {
@@ -2388,9 +2443,9 @@ impl Deferred {
     }
 }
 
-/// One deferred read, into the RAM copy's own memory where it has one,
-/// pinned on the local context for the read.
-fn read_job(j: &ReadJob) -> ClResult<()> {
+/// One deferred read, into the RAM copy's own memory where it has one (else
+/// into `fresh`), pinned on the local context for the read.
+fn read_job(j: &ReadJob, fresh: Option<HostBytes>) -> ClResult<()> {
     let m = &j.m;
     let mut data = m
         .shadow
@@ -2398,6 +2453,7 @@ fn read_job(j: &ReadJob) -> ClResult<()> {
         .unwrap_or_else(|e| e.into_inner())
         .replace(None)
         .filter(|d| d.len() == m.size)
+        .or(fresh)
         .unwrap_or_else(|| HostBytes::zeroed(m.size));
     let pin = data.pin_on(j.context as *mut c_void, j.device as *mut c_void);
     // A plain read (the host may read these buffers: no scratch buffer on
