@@ -223,6 +223,95 @@ fn killed_during_moves_back() {
     );
 }
 
+/// pingpong running locally, moved to crane-proxy again and again while the
+/// proxy is killed (SIGKILL, restarted a moment later) at a random point of
+/// each move: before it connects, during the session's rebuild (its
+/// buffers over lanes, every move, in small pieces), in the pre-copy's
+/// rounds, or just after. Each move either completes (the process is on the
+/// proxy, which may die right after: it replays on the restarted one, and
+/// the move back brings it home) or is refused with the reason, the process
+/// local and running; the result is the native one.
+#[test]
+fn killed_during_moves_there() {
+    let mut proxy = Proxy::start("death-there", true, &[("k", "t")]);
+    let (mut moved, mut refused) = (0, 0);
+    let (iters, kills) = long_enough("pingpong", "6000", 3, |iters| {
+        let scratch = scratch("death-there");
+        let child = under_crane("pingpong", iters, scratch.path())
+            .envs([
+                ("CRANE_REMOTE_LANES_MIN", "1"),
+                ("CRANE_REMOTE_LANE_PIECE", "65536"),
+                ("CRANE_REMOTE_LANES", "3"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sock = socket_path(scratch.path(), child.id());
+        let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+        let mut rng = Rng(0x7f4a_7c15_2545_f491);
+        let mut kills = 0;
+        (moved, refused) = (0, 0);
+        let start = Instant::now();
+        while !waiter.is_finished() && kills < 6 && start.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(5 + rng.below(60)));
+            if !sock.exists() {
+                continue;
+            }
+            let there = Request::Remote {
+                proxy: proxy.addr.clone(),
+                token: Some("k".into()),
+                deadline_ms: 20_000,
+                device: None,
+                precopy: rng.below(3) as u32,
+            };
+            let s = sock.clone();
+            let asked = std::thread::spawn(move || call(&s, &there, Duration::from_secs(60)));
+            std::thread::sleep(Duration::from_millis(rng.below(30)));
+            proxy.kill();
+            kills += 1;
+            std::thread::sleep(Duration::from_millis(rng.below(300)));
+            proxy.restart();
+            match asked.join().unwrap() {
+                Ok(r) if r.ok => moved += 1,
+                Ok(r) => {
+                    let e = r.error.unwrap_or_default();
+                    assert!(
+                        e.contains("crane-proxy") || e.contains("connection"),
+                        "a refused move must say why: {e:?}"
+                    );
+                    refused += 1;
+                    continue;
+                }
+                Err(e) => {
+                    assert!(finishes(&waiter), "the move was not answered: {e}");
+                    break;
+                }
+            }
+            let back = Request::Local {
+                deadline_ms: 60_000,
+                device: None,
+                precopy: 0,
+            };
+            match call(&sock, &back, Duration::from_secs(120)) {
+                Ok(r) => assert!(r.ok, "the move back failed: {:?}", r.error),
+                Err(e) => assert!(finishes(&waiter), "the move back was not answered: {e}"),
+            }
+        }
+        let out = waiter.join().unwrap();
+        assert!(
+            out.status.success(),
+            "pingpong failed after {kills} kill(s): {}",
+            stderr(&out)
+        );
+        (result_line(&out.stdout), kills)
+    });
+    eprintln!(
+        "pingpong: {kills} proxy kills during moves to it at --iters {iters} \
+         ({moved} moves completed, {refused} refused), identical to native"
+    );
+}
+
 /// pingpong on crane-proxy while the proxy is stopped (SIGSTOP) for a while,
 /// three times: the process waits (its connection is not broken, so nothing
 /// is replayed) and, the proxy continued, ends with the native result.
