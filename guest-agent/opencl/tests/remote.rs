@@ -820,3 +820,93 @@ fn remote_errors_are_the_specifications() {
         );
     }
 }
+
+/// The proxy process's open descriptors and threads.
+fn proxy_resources(proxy: &Proxy) -> (usize, usize) {
+    let pid = proxy.child.id();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let threads = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    (fds, threads)
+}
+
+/// Applications (the real interposer, not a test client) killed with
+/// SIGKILL at random moments while they run on crane-proxy, with work in
+/// flight: the proxy tears each session down (its objects released, not
+/// "by the client"), keeps no descriptor or thread of theirs, and serves
+/// the next application, whose result is native's.
+#[test]
+fn applications_killed_on_the_proxy_are_torn_down_and_the_next_is_served() {
+    let proxy = Proxy::start("killed-apps", true, &[("k", "t")]);
+    // A first application, run to its end, so that the proxy's own lazily
+    // made threads and descriptors (warm contexts, staging) are there.
+    same_as_native_remote("pingpong", &["--iters", "200"], &proxy, "k");
+    let closed = |p: &Proxy| p.log().matches(" object(s) released").count();
+    let settled = |p: &Proxy, n: usize| {
+        let start = Instant::now();
+        while closed(p) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the proxy never tore session {n} down:\n{}",
+                p.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    settled(&proxy, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = proxy_resources(&proxy);
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for k in 0..4 {
+        let scratch = scratch("killed-apps");
+        let mut child = under_crane("pingpong", "1000000", scratch.path())
+            .env("CRANE_MODE", "remote")
+            .env("CRANE_PROXY", &proxy.addr)
+            .env("CRANE_PROXY_TOKEN", "k")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200 + rng.below(600)));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "pingpong ended before it was killed"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        settled(&proxy, k + 2);
+    }
+    let log = proxy.log();
+    let teardowns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" object(s) released"))
+        .collect();
+    assert!(
+        teardowns[1..].iter().all(|l| !l.contains("by the client")),
+        "{teardowns:#?}"
+    );
+    // The helpers that drain a dead session's queues end shortly after it.
+    let start = Instant::now();
+    loop {
+        let now = proxy_resources(&proxy);
+        if now.0 <= before.0 && now.1 <= before.1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the proxy kept descriptors or threads (fds, threads): {before:?} before, {now:?} after"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "4 applications killed on crane-proxy: (fds, threads) {before:?} before, {:?} after",
+        proxy_resources(&proxy)
+    );
+    same_as_native_remote("pingpong", &["--iters", "6000"], &proxy, "k");
+}
