@@ -599,13 +599,18 @@ impl Drop for Faulting {
 }
 
 /// Faults in `[addr, addr + len)` for writing, without changing its
-/// contents: a transfer may be filling it at the same time. Memory the
-/// caller owns, mapped for as long as the [`Faulting`] lives (whose owner
-/// holds the memory). On kernels before 5.14 (no MADV_POPULATE_WRITE) it
-/// does nothing: the transfers fault the memory in as before.
+/// contents: a transfer may be filling it at the same time. On kernels
+/// before 5.14 (no MADV_POPULATE_WRITE) it does nothing: the transfers
+/// fault the memory in as before.
+///
+/// The memory may be given back while a helper is at it (a read-back that
+/// fails drops the copies it made before [`Faulting`] stops): the advice
+/// then fails on an unmapped range, or, on a range mapped again meanwhile,
+/// only faults pages in (contents untouched; device and read-only mappings
+/// refuse it), so nothing is lost either way.
 fn populate(addr: usize, len: usize) {
-    // SAFETY: advice on pages of a private anonymous mapping crane made and
-    // owns; populating them leaves every byte as it is.
+    // SAFETY: advice, not an access: it changes no byte of whatever is
+    // mapped there (see above).
     unsafe { libc::madvise(addr as *mut c_void, len, libc::MADV_POPULATE_WRITE) };
 }
 
