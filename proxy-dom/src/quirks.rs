@@ -51,9 +51,16 @@ pub(crate) struct Quirks {
 struct SubBuffers {
     by_parent: HashMap<VPtr, Vec<(VPtr, bool)>>,
     parent_of: HashMap<VPtr, VPtr>,
+    /// Entries released by the session, still held.
+    held: u64,
 }
 
 impl Quirks {
+    /// Released sub-buffers whose vendor release is held back.
+    pub fn held_back(&self) -> u64 {
+        self.subs.held
+    }
+
     /// Notes sub-buffer `sub` of buffer `parent`, just made.
     pub fn made_sub_buffer(&mut self, parent: VPtr, sub: VPtr) {
         self.subs
@@ -107,6 +114,7 @@ impl Quirks {
             }
         }
         self.subs.parent_of.clear();
+        self.subs.held = 0;
         for (ctx, n) in self.leaked.drain() {
             give_back(ctx, n);
         }
@@ -126,12 +134,14 @@ impl SubBuffers {
             .by_parent
             .get_mut(&parent)
             .expect("noted with its parent");
-        if let Some(s) = subs.iter_mut().find(|(s, _)| *s == h) {
+        if let Some(s) = subs.iter_mut().find(|(s, held)| *s == h && !held) {
             s.1 = true;
+            self.held += 1;
         }
         let mut rc = CL_SUCCESS;
         while let Some(&(sub, true)) = subs.last() {
             subs.pop();
+            self.held -= 1;
             self.parent_of.remove(&sub);
             let r = release(Kind::Mem, Detail::Plain, sub);
             if sub == h {
@@ -451,8 +461,10 @@ mod tests {
             Vec::<usize>::new(),
             "released before a newer one"
         );
+        assert_eq!(q.held_back(), 2);
         assert_eq!(q.release(&v, Kind::Mem, sub, s[2]), CL_SUCCESS);
         assert_eq!(gone(100), vec![102, 101, 100]);
+        assert_eq!(q.held_back(), 0);
         // Newest first, as a program's teardown does: each at once.
         let s = subs(buf, 3, 200, &mut q);
         for (k, h) in s.iter().rev().enumerate() {
@@ -470,7 +482,9 @@ mod tests {
         let _newer = subs(buf, 1, 400, &mut q);
         assert_eq!(q.release(&v, Kind::Mem, sub, s0), CL_SUCCESS);
         assert_eq!(gone(300), vec![302, 301], "s0 is older than a live one");
+        assert_eq!(q.held_back(), 1);
         q.give_back_rest();
+        assert_eq!(q.held_back(), 0);
         assert_eq!(gone(400), vec![400]);
         assert_eq!(gone(300), vec![302, 301, 300]);
         assert_eq!(q.release(&v, Kind::Mem, buf_detail, buf), CL_SUCCESS);

@@ -97,10 +97,11 @@ impl Session {
             self.objects.keep_unset(h);
             return Ok(());
         }
-        check(
-            self.quirks
-                .release(&self.shared.vendor, o.kind, o.detail, h),
-        )
+        let rc = self
+            .quirks
+            .release(&self.shared.vendor, o.kind, o.detail, h);
+        self.objects.set_held_back(self.quirks.held_back());
+        check(rc)
     }
 }
 
