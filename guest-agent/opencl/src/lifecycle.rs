@@ -670,6 +670,30 @@ fn needs_read(m: &Mem) -> bool {
         && (m.dirty.load(Ordering::Relaxed) || (!has_copy && m.flags & CL_MEM_USE_HOST_PTR == 0))
 }
 
+/// Whether `m` has no RAM copy of its own size to read into.
+fn lacks_ram_copy(m: &Mem) -> bool {
+    m.shadow
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .data()
+        .is_none_or(|d| d.len() != m.size)
+}
+
+/// Fresh RAM copies for `wants` (key, bytes), in that order, faulted in by
+/// helpers ahead of the reads that take them (see
+/// [`HostBytes::fresh_in_order`]); the helpers stop when the second value
+/// is dropped (`let (map, guard)` drops the guard first).
+fn fresh_copies<K: std::hash::Hash + Eq>(
+    wants: Vec<(K, usize)>,
+) -> (HashMap<K, HostBytes>, staging::Faulting) {
+    let sizes: Vec<usize> = wants.iter().map(|w| w.1).collect();
+    let (fresh, faulting) = HostBytes::fresh_in_order(&sizes);
+    (
+        wants.into_iter().map(|w| w.0).zip(fresh).collect(),
+        faulting,
+    )
+}
+
 /// Reads every object whose device contents RAM does not hold: into the RAM
 /// copies, or with `stage` into fresh memory returned for
 /// [`ReadBack::install`].
@@ -692,21 +716,16 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
                     && (m.dirty.load(Ordering::Relaxed)
                         || !ahead.iter().any(|(w, _)| std::ptr::eq(w.as_ptr(), &***m)))
                     && needs_read(m)
-                    && m.shadow
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .data()
-                        .is_none_or(|d| d.len() != m.size)
+                    && lacks_ram_copy(m)
             })
             .collect()
     };
-    let sizes: Vec<usize> = fresh_for.iter().map(|m| m.size).collect();
-    let (fresh, _faulting) = HostBytes::fresh_in_order(&sizes);
-    let mut fresh: HashMap<usize, HostBytes> = fresh_for
-        .iter()
-        .map(|m| Arc::as_ptr(m) as usize)
-        .zip(fresh)
-        .collect();
+    let (mut fresh, _faulting) = fresh_copies(
+        fresh_for
+            .iter()
+            .map(|m| (Arc::as_ptr(m) as usize, m.size))
+            .collect(),
+    );
     for m in mems {
         let v = m.base.vendor();
         if v.is_null() || matches!(m.kind, MemKind::SubBuffer { .. } | MemKind::Pipe { .. }) {
@@ -2393,21 +2412,13 @@ impl Deferred {
         let jobs = std::mem::take(&mut self.jobs);
         // Fresh RAM copies for the buffers without one, faulted in by
         // helpers ahead of the reads.
-        let fresh_for: Vec<usize> = jobs
-            .iter()
-            .enumerate()
-            .filter(|(_, j)| {
-                j.m.shadow
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .data()
-                    .is_none_or(|d| d.len() != j.m.size)
-            })
-            .map(|(i, _)| i)
-            .collect();
-        let sizes: Vec<usize> = fresh_for.iter().map(|&i| jobs[i].m.size).collect();
-        let (fresh, faulting) = HostBytes::fresh_in_order(&sizes);
-        let mut fresh: HashMap<usize, HostBytes> = fresh_for.into_iter().zip(fresh).collect();
+        let (mut fresh, faulting) = fresh_copies(
+            jobs.iter()
+                .enumerate()
+                .filter(|(_, j)| lacks_ram_copy(&j.m))
+                .map(|(i, j)| (i, j.m.size))
+                .collect(),
+        );
         let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut bytes = 0u64;
             for (i, j) in jobs.iter().enumerate() {
