@@ -5,7 +5,7 @@
 //! after `REQUEST_DEADLINE`. Requests are at most `MAX_REQUEST` bytes and are
 //! carried out one at a time.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, Once};
@@ -171,7 +171,9 @@ fn respond(s: &UnixStream, resp: &Response) {
     let mut out = serde_json::to_vec(resp).unwrap_or_default();
     out.push(b'\n');
     let _ = s.set_write_timeout(Some(RESPONSE_DEADLINE));
-    let _ = (&*s).write_all(&out);
+    // Never SIGPIPE: a cranectl that left before its answer must not end
+    // the application.
+    let _ = crate::nosignal::send_all(s, &out);
 }
 
 /// Why no request line came.
@@ -379,6 +381,7 @@ fn parse_spec(device: Option<String>) -> Result<Option<DeviceSpec>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     fn pair() -> (UnixStream, UnixStream) {
         UnixStream::pair().unwrap()

@@ -27,6 +27,7 @@ pub mod gate;
 pub mod handle;
 pub mod lifecycle;
 mod local_ahead;
+mod nosignal;
 pub mod objects;
 mod quirks;
 pub mod remote;

@@ -201,18 +201,23 @@ impl Read for Stream {
     }
 }
 
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+impl Stream {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
         match self {
-            Stream::Tcp(s) => s.write(buf),
-            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.as_fd(),
+            Stream::Unix(s) => s.as_fd(),
         }
     }
+}
+
+/// Writes never raise SIGPIPE in the application ([`crate::nosignal`]).
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        crate::nosignal::send(&self.fd(), buf)
+    }
     fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write_vectored(bufs),
-            Stream::Unix(s) => s.write_vectored(bufs),
-        }
+        crate::nosignal::send_vectored(&self.fd(), bufs)
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
