@@ -64,8 +64,12 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| crate::workspace_root().join("target"))
 }
 
+/// The cargo profile of crane's programs in the testbed's images (the
+/// workspace's Cargo.toml says why not release).
+pub const TESTBED_PROFILE: &str = "testbed-bin";
+
 impl CraneArtifacts {
-    /// Builds crane's programs (release) and the C test programs, unless they are up
+    /// Builds crane's programs (profile [`TESTBED_PROFILE`]) and the C test programs, unless they are up
     /// to date.
     pub fn build() -> anyhow::Result<Self> {
         let root = crate::workspace_root();
@@ -78,7 +82,8 @@ impl CraneArtifacts {
         let status = command
             .args([
                 "build",
-                "--release",
+                "--profile",
+                TESTBED_PROFILE,
                 "--quiet",
                 "-p",
                 "crane-opencl",
@@ -114,10 +119,10 @@ impl CraneArtifacts {
                 .context("running testapps/build.sh")?;
             ensure!(status.success(), "testapps/build.sh failed");
         }
-        let release = target.join("release");
+        let built = target.join(TESTBED_PROFILE);
         let out = target.join("testbed/bin");
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        let bin = |name: &str| stripped(&release.join(name), &out.join(name));
+        let bin = |name: &str| stripped(&built.join(name), &out.join(name));
         Ok(Self {
             interposer: bin("libcrane_opencl.so")?,
             cranectl: bin("cranectl")?,
@@ -149,7 +154,7 @@ impl CraneArtifacts {
 }
 
 /// A stripped copy of `binary` at `out` (made again when the binary is newer): no
-/// debug information (the release profile keeps line tables for profiling) and no
+/// debug information (the profiles may keep line tables for profiling) and no
 /// symbol table beyond what dynamic linking needs. In an HVM guest's initramfs
 /// every megabyte costs boot time, since the guest's firmware loads the initramfs
 /// through emulated port I/O (18 MB took about 110 s; ~7 s per MB on a slow machine).

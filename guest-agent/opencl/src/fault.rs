@@ -1,6 +1,10 @@
 //! Fault injection for the tests that prove a panic inside crane becomes an
-//! OpenCL error code (cargo feature `fault-injection`, off by default: without
-//! it every function here is empty and inlined away).
+//! OpenCL error code, and for the fault tests' other injected failures.
+//! Compiled into debug builds (what `cargo test` loads: no second build of
+//! the library and its dependencies just for these tests) and into release
+//! builds only with the cargo feature `fault-injection`; in a release build
+//! without it every function here is empty and inlined away. Nothing fires
+//! unless its `CRANE_FAULT_*` variable is set.
 //!
 //! `CRANE_FAULT_PANIC=clCreateBuffer,event_trampoline` makes the first call of
 //! each named entry point (or callback trampoline) panic inside its
@@ -9,7 +13,7 @@
 /// A named place that may be made to panic.
 #[inline(always)]
 pub fn point(_name: &str) {
-    #[cfg(feature = "fault-injection")]
+    #[cfg(any(feature = "fault-injection", debug_assertions))]
     armed::hit(_name);
 }
 
@@ -19,11 +23,11 @@ pub fn point(_name: &str) {
 /// application's own options).
 #[inline(always)]
 pub fn arg_info_build_fails() -> bool {
-    #[cfg(feature = "fault-injection")]
+    #[cfg(any(feature = "fault-injection", debug_assertions))]
     {
         std::env::var_os("CRANE_FAULT_ARG_INFO_BUILD").is_some_and(|v| v == "1")
     }
-    #[cfg(not(feature = "fault-injection"))]
+    #[cfg(not(any(feature = "fault-injection", debug_assertions)))]
     {
         false
     }
@@ -34,7 +38,7 @@ pub fn arg_info_build_fails() -> bool {
 /// that is not ready yet does.
 #[inline(always)]
 pub fn reload_without_device() -> bool {
-    #[cfg(feature = "fault-injection")]
+    #[cfg(any(feature = "fault-injection", debug_assertions))]
     {
         use std::sync::atomic::{AtomicI64, Ordering};
         static LEFT: AtomicI64 = AtomicI64::new(-1);
@@ -50,7 +54,7 @@ pub fn reload_without_device() -> bool {
         })
         .is_ok()
     }
-    #[cfg(not(feature = "fault-injection"))]
+    #[cfg(not(any(feature = "fault-injection", debug_assertions)))]
     {
         false
     }
@@ -61,7 +65,7 @@ pub fn reload_without_device() -> bool {
 /// with CL_OUT_OF_RESOURCES, as a device that went wrong would.
 #[inline(always)]
 pub fn move_read_fails() -> bool {
-    #[cfg(feature = "fault-injection")]
+    #[cfg(any(feature = "fault-injection", debug_assertions))]
     {
         use std::sync::atomic::{AtomicU64, Ordering};
         static READS: AtomicU64 = AtomicU64::new(0);
@@ -71,7 +75,7 @@ pub fn move_read_fails() -> bool {
             .and_then(|v| v.parse::<u64>().ok())
             == Some(n)
     }
-    #[cfg(not(feature = "fault-injection"))]
+    #[cfg(not(any(feature = "fault-injection", debug_assertions)))]
     {
         false
     }
@@ -80,27 +84,30 @@ pub fn move_read_fails() -> bool {
 /// The fault point of the entry point whose body is the closure type `F`.
 #[inline(always)]
 pub fn entry<F>() {
-    #[cfg(feature = "fault-injection")]
+    #[cfg(any(feature = "fault-injection", debug_assertions))]
     armed::hit(armed::entry_name(std::any::type_name::<F>()));
 }
 
-#[cfg(feature = "fault-injection")]
+#[cfg(any(feature = "fault-injection", debug_assertions))]
 mod armed {
     use std::sync::{Mutex, OnceLock};
 
-    fn armed() -> &'static Mutex<Vec<String>> {
-        static ARMED: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-        ARMED.get_or_init(|| {
-            let names = std::env::var("CRANE_FAULT_PANIC").unwrap_or_default();
-            Mutex::new(
-                names
+    /// The places still to panic; `None` when `CRANE_FAULT_PANIC` names
+    /// none (every call of a debug build passes here: no lock then).
+    fn armed() -> Option<&'static Mutex<Vec<String>>> {
+        static ARMED: OnceLock<Option<Mutex<Vec<String>>>> = OnceLock::new();
+        ARMED
+            .get_or_init(|| {
+                let names = std::env::var("CRANE_FAULT_PANIC").unwrap_or_default();
+                let names: Vec<String> = names
                     .split(',')
                     .map(str::trim)
                     .filter(|n| !n.is_empty())
                     .map(String::from)
-                    .collect(),
-            )
-        })
+                    .collect();
+                (!names.is_empty()).then(|| Mutex::new(names))
+            })
+            .as_ref()
     }
 
     /// The entry point a body closure belongs to: its type is named
@@ -113,8 +120,11 @@ mod armed {
     }
 
     pub fn hit(name: &str) {
+        let Some(armed) = armed() else {
+            return;
+        };
         let fire = {
-            let mut a = armed().lock().unwrap_or_else(|e| e.into_inner());
+            let mut a = armed.lock().unwrap_or_else(|e| e.into_inner());
             match a.iter().position(|n| n == name) {
                 Some(i) => {
                     a.remove(i);

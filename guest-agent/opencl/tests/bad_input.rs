@@ -170,9 +170,14 @@ fn foreign_handles_get_the_specification_code() {
     assert!(foreign >= 80, "only {foreign} foreign-handle cases ran");
 }
 
-/// The library built with the `fault-injection` feature, in a target
-/// directory of its own so that it never replaces the one under test.
+/// A library with fault injection: a debug build's own (src/fault.rs);
+/// for a release build, one built with the `fault-injection` feature in a
+/// target directory of its own, so that it never replaces the one under
+/// test.
 fn fault_library() -> PathBuf {
+    if cfg!(debug_assertions) {
+        return library();
+    }
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         let exe = std::env::current_exe().unwrap();
