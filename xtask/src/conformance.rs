@@ -491,6 +491,17 @@ fn inject(
         // Back at once: the next pause runs with the process where it started.
         match call(&sock, &back, Duration::from_secs(120)) {
             Ok(r) if r.ok => done.done += 1,
+            // A move back refused before anything changed (a queue held up
+            // by a user event the application sets only later, say): the
+            // process runs on on crane-proxy, as a refused move there runs
+            // on locally. Asked again after the next pause. A failed resume,
+            // or a move back that left the process suspended, is a defect.
+            Ok(r) if matches!(back, Request::Local { .. }) && still_remote(&sock) => {
+                done.refusal(r.error.unwrap_or_default());
+                if !back_home(&sock, &back, &stop, &mut done) {
+                    return done;
+                }
+            }
             Ok(r) => {
                 done.errors.push(format!(
                     "{:?} failed: {}",
@@ -519,6 +530,44 @@ fn inject(
             }
         }
     }
+}
+
+/// Whether the process at `sock` answers that it runs on crane-proxy.
+fn still_remote(sock: &Path) -> bool {
+    matches!(
+        call(sock, &Request::Status, Duration::from_secs(30)),
+        Ok(r) if r.status.as_ref().is_some_and(|s| s.mode == crane_control::Mode::Remote)
+    )
+}
+
+/// After a refused move back: asks again, every 0.5 s for up to a minute,
+/// until the process is home (true), or it ended (false). One still refused
+/// after that is an error.
+fn back_home(sock: &Path, back: &Request, stop: &AtomicBool, done: &mut Injected) -> bool {
+    let t = Instant::now();
+    let mut last = String::new();
+    while t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(500));
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        match call(sock, back, Duration::from_secs(120)) {
+            Ok(r) if r.ok => {
+                done.done += 1;
+                return true;
+            }
+            Ok(r) => last = r.error.unwrap_or_default(),
+            Err(e) => {
+                if !ended(stop) {
+                    done.errors.push(format!("{back:?}: {e}"));
+                }
+                return false;
+            }
+        }
+    }
+    done.errors
+        .push(format!("{back:?} refused for a minute: {last}"));
+    false
 }
 
 /// Runs one process of `suite` with `subtests` in `mode`.
