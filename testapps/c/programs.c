@@ -27,6 +27,11 @@
  *     that changes what its kernel writes (as the CTS's
  *     options_build_macro_existence does; a resume may have made it from its
  *     kept executable, and the next build must still compile the source).
+ *  G: a kernel declared with attributes (vec_type_hint,
+ *     reqd_work_group_size): every 10 iterations a kernel is made from it
+ *     again and must report the CL_KERNEL_ATTRIBUTES it reported first (a
+ *     resume may have made the program from its kept executable, and PoCL
+ *     reports none for kernels of a program made from a binary).
  *  clCloneKernel (OpenCL >= 2.1) clones a kernel with its arguments set.
  * Each iteration runs the same pipeline with two of A/B/C (results must be
  * identical) plus D, and checks everything against a host model.
@@ -94,6 +99,24 @@ static const char *SRC_E =
     "    o[0] = 24u;\n"
     "#endif\n"
     "}\n";
+
+static const char *SRC_G =
+    "__kernel __attribute__((vec_type_hint(float4))) __attribute__((reqd_work_group_size(1, 1, 1)))\n"
+    "void g(__global uint *o)\n"
+    "{\n"
+    "    o[get_global_id(0)] = 7u;\n"
+    "}\n";
+
+/* A kernel's CL_KERNEL_ATTRIBUTES (at most 255 bytes) into out. */
+static void kernel_attributes(cl_kernel k, char out[256])
+{
+    size_t n = 0;
+    memset(out, 0, 256);
+    CK(clGetKernelInfo(k, CL_KERNEL_ATTRIBUTES, 0, NULL, &n));
+    if (n > 255)
+        fail("CL_KERNEL_ATTRIBUTES is longer than 255 bytes");
+    CK(clGetKernelInfo(k, CL_KERNEL_ATTRIBUTES, n, out, NULL));
+}
 
 #define N 8192u
 #define BYTES (N * 4u)
@@ -319,6 +342,14 @@ int main(int argc, char **argv)
     kset kd;
     kernels_in_program(pd, &kd, 0);
     cl_program pe = build_source(ctx, dev, SRC_E, "-cl-std=CL1.2");
+    cl_program pg = build_source(ctx, dev, SRC_G, "-cl-std=CL1.2");
+    char attrs_g[256];
+    {
+        cl_kernel kg = make_kernel(pg, "g");
+        kernel_attributes(kg, attrs_g);
+        CK(clReleaseKernel(kg));
+        printf("programs: kernel attributes \"%s\"\n", attrs_g);
+    }
 
     int can_clone = device_version(dev) >= 21 && platform_version(plat) >= 21;
     if (!can_clone)
@@ -415,6 +446,15 @@ int main(int argc, char **argv)
                 fail("program E built again did not take its new options");
             CK(clReleaseKernel(ke));
             rebuilds_e++;
+            /* G: the attributes its first kernel reported */
+            char attrs[256];
+            cl_kernel kg = make_kernel(pg, "g");
+            kernel_attributes(kg, attrs);
+            CK(clReleaseKernel(kg));
+            if (strcmp(attrs, attrs_g) != 0) {
+                fprintf(stderr, "programs: CL_KERNEL_ATTRIBUTES \"%s\", first \"%s\"\n", attrs, attrs_g);
+                fail("a kernel's attributes changed");
+            }
         }
         if (pc && it % 10 == 9) {
             /* C again: compile unit 1 again, link both units again */
@@ -479,6 +519,7 @@ int main(int argc, char **argv)
     }
     CK(clReleaseProgram(pd));
     CK(clReleaseProgram(pe));
+    CK(clReleaseProgram(pg));
     unlink(dpath);
     rmdir(ddir);
     CK(clReleaseMemObject(in));

@@ -2,7 +2,7 @@
 //! rebuild it on a freshly loaded vendor library.
 
 use std::cell::UnsafeCell;
-use std::ffi::{CString, c_void};
+use std::ffi::{CStr, CString, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -437,6 +437,21 @@ pub struct Executable {
     pub binaries: Vec<(Arc<Device>, DeviceId, Vec<u8>)>,
     /// The build log of each device, NUL-terminated, as the build gave it.
     pub logs: Vec<Vec<u8>>,
+    /// Each kernel's `CL_KERNEL_ATTRIBUTES` (name, NUL-terminated value) as
+    /// the build from source gave it: a vendor may report none for kernels
+    /// of a program made from a binary (PoCL does), so kernels of a program
+    /// made from this executable answer the kept string.
+    pub attributes: Vec<(CString, Vec<u8>)>,
+}
+
+impl Executable {
+    /// The `CL_KERNEL_ATTRIBUTES` kept for kernel `name`.
+    pub fn attributes_of(&self, name: &CStr) -> Option<&[u8]> {
+        self.attributes
+            .iter()
+            .find(|(n, _)| n.as_c_str() == name)
+            .map(|(_, a)| a.as_slice())
+    }
 }
 
 /// The log kept for the device whose vendor handle is `vendor_device`,

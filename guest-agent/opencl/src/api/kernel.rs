@@ -2,6 +2,7 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use opencl_sys::*;
@@ -486,6 +487,21 @@ pub unsafe extern "C" fn clGetKernelInfo(
             ),
             CL_KERNEL_REFERENCE_COUNT => {
                 write_info(bytes_of(&kernel.base.app_refs()), size, value, size_ret)
+            }
+            // A program made from its kept executable: the attributes its
+            // build from source gave (the vendor may have none now).
+            CL_KERNEL_ATTRIBUTES if kernel.program.from_executable.load(Ordering::Relaxed) => {
+                let kept = kernel
+                    .program
+                    .executables
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                // The executable in use is the last one.
+                let attrs = kept
+                    .last()
+                    .and_then(|e| e.attributes_of(&kernel.name))
+                    .unwrap_or(b"\0");
+                write_info(attrs, size, value, size_ret)
             }
             _ => {
                 let v = kernel.base.vendor();

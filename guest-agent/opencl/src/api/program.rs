@@ -152,12 +152,49 @@ pub fn save_executable(p: &Program) {
                 steps,
                 binaries,
                 logs,
+                attributes: kernel_attributes(v),
             }
         });
     match saved {
         Ok(e) => kept.push(e),
         Err(e) => crate::config::debug!("the executable of a program is not read: {e}"),
     }
+}
+
+/// Each kernel of vendor program `v` with its `CL_KERNEL_ATTRIBUTES`
+/// (NUL-terminated), for the kernels the vendor makes and answers for;
+/// those with no attributes are left out (a kernel not listed answers
+/// the empty string).
+fn kernel_attributes(v: *mut c_void) -> Vec<(CString, Vec<u8>)> {
+    let Some(names) = crate::vendor::info_string(v, |d| {
+        d.clGetProgramInfo.map(|f| (f, CL_PROGRAM_KERNEL_NAMES))
+    }) else {
+        return Vec::new();
+    };
+    let Ok(create) = vfn!(v, clCreateKernel) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in names.split(';').filter(|n| !n.is_empty()) {
+        let Ok(name) = CString::new(name) else { continue };
+        let mut err = CL_SUCCESS;
+        // SAFETY: a live vendor program and a NUL-terminated name.
+        let k = unsafe { create(v.cast(), name.as_ptr(), &mut err) };
+        if k.is_null() || err != CL_SUCCESS {
+            continue;
+        }
+        let attrs = crate::vendor::info_string(k.cast(), |d| {
+            d.clGetKernelInfo.map(|f| (f, CL_KERNEL_ATTRIBUTES))
+        });
+        // SAFETY: the kernel just made, not handed out.
+        unsafe { crate::vendor::release(k.cast(), |t| t.clReleaseKernel) };
+        if let Some(a) = attrs.filter(|a| !a.is_empty()) {
+            let mut bytes = a.into_bytes();
+            bytes.push(0);
+            out.push((name, bytes));
+        }
+    }
+    out
 }
 
 /// Kernel names longer than this keep a program from being made from its
