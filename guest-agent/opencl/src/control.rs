@@ -299,7 +299,7 @@ fn handle(req: Request) -> Response {
             Err(_) => Response::error("internal error during suspend"),
         },
         Request::Precopy { deadline_ms } => match std::panic::catch_unwind(|| {
-            lifecycle::precopy(Duration::from_millis(deadline_ms))
+            lifecycle::precopy(Duration::from_millis(deadline_ms), lifecycle::Pins::Hot)
         }) {
             Ok(Ok(phases)) => ok(phases, None),
             Ok(Err(e)) => Response::error(e),

@@ -233,7 +233,16 @@ pub static PRECOPY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// (the move's, or a checkpoint's) takes it: until then the RAM copies stay
 /// those of the last checkpoint, from which a replay after the proxy's death
 /// rebuilds the session.
-pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
+///
+/// Locally each copy is read into memory pinned for it, and the pin is kept
+/// with the copy (see [`staging::HostBytes::keep_pin`]): a later round, or
+/// the stop, reads what changed since into that memory at the device's
+/// rate. Giving pins back costs time too (NVIDIA: about 20 ms per GiB), so
+/// where the stop would pay it (`Pins::Hot`: a suspend, whose release stops
+/// the application) only the pins of buffers that changed again during
+/// the round stay; a move to crane-proxy (`Pins::All`) releases them beside
+/// the application running on the proxy.
+pub fn precopy(deadline: Duration, pins: Pins) -> Result<Vec<Phase>, String> {
     let remote = match mode() {
         Mode::Passthrough => false,
         Mode::Remote => true,
@@ -308,15 +317,42 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
         unsafe { vendor::release(ev, |d| d.clReleaseEvent) };
     }
     let mut bytes = 0u64;
+    // Bytes read into memory an earlier round kept pinned (diagnostics).
+    let mut warm = 0u64;
     let mut failed = marked.and(waited).err();
     // Queues of crane's own, one per context, not the application's: its work
     // goes on meanwhile.
     let mut own: Vec<(*const Context, *mut c_void)> = Vec::new();
-    let sizes: Vec<usize> = targets.iter().map(|m| m.size).collect();
-    let (fresh, _faulting) = HostBytes::fresh_in_order(&sizes);
-    for (m, mut data) in targets.iter().zip(fresh) {
+    // Into the stale RAM copy's own memory where there is one (locally:
+    // faulted in, and pinned if an earlier round kept a pin on it), else
+    // into fresh memory faulted in ahead of the reads. On crane-proxy the RAM
+    // copies stay those of the last checkpoint.
+    let mut reused: HashMap<usize, HostBytes> = HashMap::new();
+    if !remote {
+        for m in &targets {
+            let mut sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+            if sh.data().is_some_and(|d| d.len() == m.size)
+                && let Some(d) = sh.replace(None)
+            {
+                reused.insert(Arc::as_ptr(m) as usize, d);
+            }
+        }
+    }
+    let (mut fresh, _faulting) = fresh_copies(
+        targets
+            .iter()
+            .filter(|m| !reused.contains_key(&(Arc::as_ptr(m) as usize)))
+            .map(|m| (Arc::as_ptr(m) as usize, m.size))
+            .collect(),
+    );
+    for m in &targets {
+        let key = Arc::as_ptr(m) as usize;
+        let Some(mut data) = reused.remove(&key).or_else(|| fresh.remove(&key)) else {
+            continue;
+        };
         if failed.is_some() {
             m.dirty.store(true, Ordering::Relaxed);
+            put_back(m, data);
             continue;
         }
         let ctx: *const Context = &*m.context;
@@ -327,7 +363,17 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
                 q
             }),
         };
-        let pin = data.pin(&m.context);
+        // Locally the pin stays with the copy: the stop reads into it again
+        // if the application changes the buffer meanwhile.
+        let pin = if remote {
+            data.pin(&m.context)
+        } else {
+            if data.kept_pinned(&m.context) {
+                warm += m.size as u64;
+            }
+            data.keep_pin(&m.context);
+            None
+        };
         let read = q.and_then(|q| {
             read_buffer(
                 &m.context,
@@ -353,15 +399,36 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
                 if !m.dirty.load(Ordering::SeqCst) {
                     sh.replace(Some(data));
                     bytes += m.size as u64;
+                } else if sh.data().is_none() {
+                    // Changed during the read: kept as a stale copy (the
+                    // dirty flag says so) for the stop to read into.
+                    sh.replace(Some(data));
                 }
             }
             Err(e) => {
                 m.dirty.store(true, Ordering::Relaxed);
                 failed = Some(e);
+                if !remote {
+                    put_back(m, data);
+                }
             }
         }
     }
     PRECOPY.store(false, Ordering::SeqCst);
+    if warm > 0 {
+        debug!("pre-copy: {warm} bytes read into RAM copies kept pinned");
+    }
+    if !remote && pins == Pins::Hot {
+        for m in targets.iter().filter(|m| !m.dirty.load(Ordering::Relaxed)) {
+            let pin = m
+                .shadow
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .data_pinned_mut()
+                .and_then(HostBytes::take_kept_pin);
+            drop(pin);
+        }
+    }
     for (_, q) in own {
         // SAFETY: the queues made above.
         unsafe { vendor::release(q, |d| d.clReleaseCommandQueue) };
@@ -373,6 +440,24 @@ pub fn precopy(deadline: Duration) -> Result<Vec<Phase>, String> {
             "pre-copy failed with OpenCL error {} (nothing is lost: the stop reads those buffers)",
             crate::entry::error_text(e)
         )),
+    }
+}
+
+/// Which pins a pre-copy keeps on the RAM copies it reads (see [`precopy`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Pins {
+    /// Those of buffers changed again during the round (a suspend follows).
+    Hot,
+    /// All of them (more rounds, or a move to crane-proxy, follow).
+    All,
+}
+
+/// Gives a buffer whose dirty flag is set its RAM copy's memory back, stale
+/// (the stop reads into it), unless it has one again.
+fn put_back(m: &Mem, data: HostBytes) {
+    let mut sh = m.shadow.lock().unwrap_or_else(|e| e.into_inner());
+    if sh.data().is_none() {
+        sh.replace(Some(data));
     }
 }
 
@@ -720,6 +805,8 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
             })
             .collect()
     };
+    // Bytes read into memory a pre-copy kept pinned (for diagnostics).
+    let mut warm = 0u64;
     let (mut fresh, _faulting) = fresh_copies(
         fresh_for
             .iter()
@@ -778,6 +865,9 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
                         .or_else(|| fresh.remove(&(Arc::as_ptr(&m) as usize)))
                         .unwrap_or_else(|| HostBytes::zeroed(m.size))
                 };
+                if data.kept_pinned(&m.context) {
+                    warm += m.size as u64;
+                }
                 let pin = data.pin(&m.context);
                 let read = with_queue(&m.context, &queues, |q| {
                     read_buffer(&m.context, q, v, m.flags, m.size, data.as_mut_ptr())
@@ -811,6 +901,9 @@ fn read_back(stage: bool, mut defer: Option<&mut Deferred>) -> ClResult<ReadBack
         } else {
             install(&m, data);
         }
+    }
+    if warm > 0 {
+        debug!("read-dirty: {warm} bytes into RAM copies a pre-copy kept pinned");
     }
     Ok(out)
 }
@@ -1227,6 +1320,9 @@ fn restore_held(held: Held) {
 
 /// Releases held vendor objects in order.
 fn give_back(held: Held) {
+    // Pins kept on RAM copies by a pre-copy, before the contexts they were
+    // made on (the reads that used them are done).
+    staging::drop_kept_pins();
     for step in held.steps {
         match step {
             Giveback::Finish(v) => {
@@ -2466,6 +2562,9 @@ fn read_job(j: &ReadJob, fresh: Option<HostBytes>) -> ClResult<()> {
         .filter(|d| d.len() == m.size)
         .or(fresh)
         .unwrap_or_else(|| HostBytes::zeroed(m.size));
+    if data.pinned_on(j.context as *mut c_void) {
+        debug!("move: {} bytes read into a RAM copy kept pinned", m.size);
+    }
     let pin = data.pin_on(j.context as *mut c_void, j.device as *mut c_void);
     // A plain read (the host may read these buffers: no scratch buffer on
     // the context, whose vendor handle is already taken); the local
@@ -2664,7 +2763,7 @@ fn back_ahead(deadline: Duration, spec: Option<&DeviceSpec>, rounds: u32) -> Vec
     let mut last = u64::MAX;
     for k in 1..=rounds {
         let t = Instant::now();
-        let read = match precopy(deadline) {
+        let read = match precopy(deadline, Pins::Hot) {
             Ok(p) => p.iter().map(|x| x.bytes).sum::<u64>(),
             Err(e) => {
                 debug!("pre-copy round {k} on the way back: {e}");

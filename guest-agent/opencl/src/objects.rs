@@ -226,6 +226,11 @@ impl Shadow {
         self.bump();
         self.data.as_mut()
     }
+    /// The contents' memory, to change how it is pinned (not the bytes: the
+    /// generation stays).
+    pub fn data_pinned_mut(&mut self) -> Option<&mut crate::staging::HostBytes> {
+        self.data.as_mut()
+    }
     /// Replaces the contents (None: not known), giving back the old ones.
     pub fn replace(
         &mut self,

@@ -437,6 +437,64 @@ impl Drop for Staging {
 pub struct HostBytes {
     region: Region,
     len: usize,
+    /// The pin kept on this memory in [`KEPT`] (0: none; see
+    /// [`HostBytes::keep_pin`]).
+    kept: u64,
+}
+
+/// Pins kept on RAM copies between a pre-copy, which reads into them, and
+/// the stop that reads what changed since into the same memory: a read
+/// into memory already pinned runs at the device's rate, where pinning it
+/// for the read costs as long as the read itself (docs/benchmarks.md). By
+/// id ([`HostBytes::kept`]): the vendor context and the pin. Released when
+/// their memory is, and all of them before the vendor objects are given
+/// back ([`drop_kept_pins`]).
+static KEPT: Mutex<Vec<(u64, usize, TempPin)>> = Mutex::new(Vec::new());
+static KEPT_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The most memory kept pinned for the stop ([`HostBytes::keep_pin`]): a
+/// quarter of the machine's memory (page-locked memory cannot be swapped
+/// or moved by the kernel).
+static KEPT_MAX: LazyLock<usize> = LazyLock::new(|| {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages.max(0) as usize).saturating_mul(page.max(0) as usize) / 4
+});
+
+fn kept() -> std::sync::MutexGuard<'static, Vec<(u64, usize, TempPin)>> {
+    KEPT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Releases every pin kept on RAM copies (before the vendor objects they
+/// were made on are given back and the vendor unloaded); the memory stays.
+pub fn drop_kept_pins() {
+    let pins = std::mem::take(&mut *kept());
+    drop(pins);
+}
+
+/// How many bytes kept pins hold (for tests and diagnostics).
+pub fn kept_pinned_bytes() -> usize {
+    kept().iter().map(|(_, _, p)| p.1).sum()
+}
+
+impl Drop for HostBytes {
+    fn drop(&mut self) {
+        if self.kept != 0 {
+            // The pin goes before its memory does (the region is unmapped
+            // after this, with the fields).
+            let id = self.kept;
+            let pin = {
+                let mut k = kept();
+                k.iter().position(|e| e.0 == id).map(|i| k.swap_remove(i))
+            };
+            drop(pin);
+        }
+    }
 }
 
 impl HostBytes {
@@ -444,7 +502,11 @@ impl HostBytes {
     pub fn zeroed(len: usize) -> HostBytes {
         let map = len.max(1).div_ceil(PAGE) * PAGE;
         match Region::new(map) {
-            Some(region) => HostBytes { region, len },
+            Some(region) => HostBytes {
+                region,
+                len,
+                kept: 0,
+            },
             None => std::alloc::handle_alloc_error(
                 std::alloc::Layout::from_size_align(map, PAGE).expect("a page-aligned layout"),
             ),
@@ -505,22 +567,91 @@ impl HostBytes {
     }
 
     /// Pins these bytes on the vendor context of `ctx` until the guard is
-    /// dropped (None on a CPU device, on crane-proxy, or if it fails: the
-    /// transfers are then only slower).
+    /// dropped (None on a CPU device, on crane-proxy, if it fails: the
+    /// transfers are then only slower, or if a pin kept on them for that
+    /// context holds them already).
     pub fn pin(&self, ctx: &Context) -> Option<TempPin> {
         let vdev = ctx
             .devices
             .first()
             .map_or(std::ptr::null_mut(), |d| d.base.vendor());
+        if self.pinned_on(ctx.base.vendor()) {
+            return None;
+        }
         TempPin::new(ctx.base.vendor(), vdev, self.region.addr, self.region.len)
     }
 
     /// Pins these bytes on the vendor context `vctx` (of device `vdev`)
     /// until the guard is dropped, whatever crane's objects are loaded on
     /// now: a move to crane-proxy reads local buffers while the proxy
-    /// rebuilds (None on a CPU device, or if it fails).
+    /// rebuilds (None on a CPU device, if it fails, or if a kept pin holds
+    /// them on `vctx` already).
     pub fn pin_on(&self, vctx: *mut c_void, vdev: *mut c_void) -> Option<TempPin> {
+        if self.pinned_on(vctx) {
+            return None;
+        }
         TempPin::make(vctx, vdev, self.region.addr, self.region.len)
+    }
+
+    /// Pins these bytes on the vendor context of `ctx` until they are
+    /// dropped or [`drop_kept_pins`] (a pre-copy's RAM copies, which the
+    /// stop reads into again): later [`HostBytes::pin`]s on that context
+    /// find them pinned. Nothing when they cannot be pinned (as for `pin`),
+    /// or when kept pins hold a quarter of the machine's memory already.
+    pub fn keep_pin(&mut self, ctx: &Context) {
+        let vctx = ctx.base.vendor();
+        if self.pinned_on(vctx) {
+            return;
+        }
+        if kept_pinned_bytes().saturating_add(self.region.len) > *KEPT_MAX {
+            return;
+        }
+        let vdev = ctx
+            .devices
+            .first()
+            .map_or(std::ptr::null_mut(), |d| d.base.vendor());
+        let Some(pin) = TempPin::new(vctx, vdev, self.region.addr, self.region.len) else {
+            return;
+        };
+        // One kept pin per memory: one on another context goes first.
+        let id = KEPT_IDS.fetch_add(1, Ordering::Relaxed);
+        let old = {
+            let mut k = kept();
+            let old = k
+                .iter()
+                .position(|e| e.0 == self.kept)
+                .map(|i| k.swap_remove(i));
+            k.push((id, vctx as usize, pin));
+            old
+        };
+        drop(old);
+        self.kept = id;
+    }
+
+    /// Takes the pin kept on these bytes out (to be dropped: released on
+    /// its vendor), if there is one.
+    pub fn take_kept_pin(&mut self) -> Option<TempPin> {
+        let id = std::mem::take(&mut self.kept);
+        if id == 0 {
+            return None;
+        }
+        let mut k = kept();
+        let i = k.iter().position(|e| e.0 == id)?;
+        Some(k.swap_remove(i).2)
+    }
+
+    /// Whether a kept pin holds these bytes on the vendor context of `ctx`.
+    pub fn kept_pinned(&self, ctx: &Context) -> bool {
+        self.pinned_on(ctx.base.vendor())
+    }
+
+    /// Whether a kept pin holds these bytes on vendor context `vctx`.
+    pub fn pinned_on(&self, vctx: *mut c_void) -> bool {
+        self.kept != 0
+            && !vctx.is_null()
+            && kept()
+                .iter()
+                .any(|e| e.0 == self.kept && e.1 == vctx as usize)
     }
 }
 
@@ -614,8 +745,13 @@ fn populate(addr: usize, len: usize) {
     unsafe { libc::madvise(addr as *mut c_void, len, libc::MADV_POPULATE_WRITE) };
 }
 
-/// A pin held for the length of a few transfers (see [`HostBytes::pin`]).
-pub struct TempPin(*mut c_void);
+/// A pin held for the length of a few transfers (see [`HostBytes::pin`]):
+/// a vendor buffer over the memory, and its length.
+pub struct TempPin(*mut c_void, usize);
+
+// SAFETY: a vendor memory object, which OpenCL lets any thread release;
+// crane holds its one reference.
+unsafe impl Send for TempPin {}
 
 impl TempPin {
     fn new(vctx: *mut c_void, vdev: *mut c_void, addr: usize, len: usize) -> Option<TempPin> {
@@ -644,7 +780,7 @@ impl TempPin {
                 &mut err,
             )
         };
-        (err == CL_SUCCESS && !mem.is_null()).then_some(TempPin(mem.cast()))
+        (err == CL_SUCCESS && !mem.is_null()).then_some(TempPin(mem.cast(), len))
     }
 }
 

@@ -34,8 +34,20 @@ fn phase_bytes(r: &Response, name: &str) -> u64 {
 /// moments; its result line and the number of pre-copies that were followed
 /// by a suspend.
 fn precopied(app: &str, iters: &str, seed: u64) -> (String, usize) {
+    let (line, rounds, _) = precopied_with(app, iters, seed, &[]);
+    (line, rounds)
+}
+
+/// [`precopied`] with environment `env`; also the application's stderr.
+fn precopied_with(
+    app: &str,
+    iters: &str,
+    seed: u64,
+    env: &[(&str, &str)],
+) -> (String, usize, String) {
     let dir = scratch(&format!("precopy-{app}-{seed:x}"));
     let child = under_crane(app, iters, dir.path())
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -83,7 +95,11 @@ fn precopied(app: &str, iters: &str, seed: u64) -> (String, usize) {
         "{app} failed under crane: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    (result_line(&out.stdout), rounds)
+    (
+        result_line(&out.stdout),
+        rounds,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 macro_rules! precopy_test {
@@ -106,6 +122,35 @@ precopy_test!(maps, "3000");
 precopy_test!(copies, "3000");
 precopy_test!(subbuffers, "3000");
 precopy_test!(multictx, "2000");
+
+/// With RAM copies pinned as on a GPU (`CRANE_PIN_CPU=1`), a pre-copy keeps
+/// the pins on the copies of buffers the application changed again during
+/// it, and a suspend soon after reads what changed into that pinned memory
+/// (on NVIDIA at the device's rate, where pinning for the read halves it):
+/// the pins must be given back before the vendor objects and never outlive
+/// their memory. pingpong rewrites its buffers at every iteration; the
+/// result must be the native one, and some suspend must have read into
+/// kept pins.
+#[test]
+fn pingpong_with_pins_kept_from_the_precopy() {
+    let env = [
+        ("CRANE_PIN_CPU", "1"),
+        ("CRANE_PIN_MIN", "4096"),
+        ("CRANE_DEBUG", "1"),
+    ];
+    let want = common::native("pingpong", "6000");
+    let (line, rounds, err) = precopied_with("pingpong", "6000", 0x2545f4914f6cdd1d, &env);
+    assert_eq!(line, want);
+    assert!(rounds > 0, "no pre-copy was followed by a suspend");
+    let warm = err
+        .lines()
+        .filter(|l| l.contains("bytes into RAM copies a pre-copy kept pinned"))
+        .count();
+    assert!(
+        warm > 0,
+        "no suspend read into a kept pin in {rounds} rounds"
+    );
+}
 
 /// pingpong held halfway changes no buffer: after a pre-copy has read what
 /// its kernels wrote, a suspend has nothing left to read, and the result is
@@ -204,8 +249,22 @@ const fn local(precopy: u32) -> Request {
 /// with a pre-copy on the way (read in rounds from the proxy while it runs
 /// there) or without; its result line and the moves made.
 fn precopied_remote(app: &str, iters: &str, seed: u64, proxy: &Proxy) -> (String, usize) {
+    let (line, moves, _) = precopied_remote_with(app, iters, seed, proxy, &[]);
+    (line, moves)
+}
+
+/// [`precopied_remote`] with environment `env`; also the application's
+/// stderr.
+fn precopied_remote_with(
+    app: &str,
+    iters: &str,
+    seed: u64,
+    proxy: &Proxy,
+    env: &[(&str, &str)],
+) -> (String, usize, String) {
     let dir = scratch(&format!("precopy-remote-{app}-{seed:x}"));
     let child = under_crane(app, iters, dir.path())
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -241,7 +300,36 @@ fn precopied_remote(app: &str, iters: &str, seed: u64, proxy: &Proxy) -> (String
         "{app} failed under crane: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    (result_line(&out.stdout), moves)
+    (
+        result_line(&out.stdout),
+        moves,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Moves to crane-proxy after pre-copies in rounds with RAM copies pinned
+/// as on a GPU (`CRANE_PIN_CPU=1`): each round keeps the pins it made, the
+/// next round and the move read what changed into memory already pinned,
+/// and the pins are given back before the local vendor objects (beside
+/// the application running on the proxy). The result must be the native
+/// one, and some round or move must have read into kept pins.
+#[test]
+fn remote_pingpong_with_pins_kept_across_rounds() {
+    let env = [
+        ("CRANE_PIN_CPU", "1"),
+        ("CRANE_PIN_MIN", "4096"),
+        ("CRANE_DEBUG", "1"),
+    ];
+    let want = common::native("pingpong", "6000");
+    let proxy = Proxy::start("precopy-pins", false, &[("k", "t")]);
+    let (line, moves, err) =
+        precopied_remote_with("pingpong", "6000", 0x5851f42d4c957f2d, &proxy, &env);
+    assert_eq!(line, want);
+    assert!(moves > 0, "no move to crane-proxy");
+    assert!(
+        err.lines().any(|l| l.contains("kept pinned")),
+        "no pre-copy round or move read into a kept pin in {moves} moves"
+    );
 }
 
 macro_rules! precopy_remote_test {

@@ -176,7 +176,9 @@ fn kernel_attributes(v: *mut c_void) -> Vec<(CString, Vec<u8>)> {
     };
     let mut out = Vec::new();
     for name in names.split(';').filter(|n| !n.is_empty()) {
-        let Ok(name) = CString::new(name) else { continue };
+        let Ok(name) = CString::new(name) else {
+            continue;
+        };
         let mut err = CL_SUCCESS;
         // SAFETY: a live vendor program and a NUL-terminated name.
         let k = unsafe { create(v.cast(), name.as_ptr(), &mut err) };

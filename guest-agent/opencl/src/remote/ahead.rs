@@ -14,6 +14,7 @@
 //! of the copy. Blobs the move does not use are dropped at its end.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -112,7 +113,7 @@ fn send_rounds(
     let mut done = Vec::new();
     for round in 1..=rounds.max(1) {
         let t = Instant::now();
-        let local = crate::lifecycle::precopy(deadline)?;
+        let local = crate::lifecycle::precopy(deadline, crate::lifecycle::Pins::All)?;
         let read: u64 = local.iter().map(|p| p.bytes).sum();
         phases.push(Phase {
             name: format!("precopy-read-{round}"),
@@ -197,7 +198,8 @@ fn send_changed(session: &Session) -> Result<u64, String> {
     };
     let mut bytes = 0u64;
     for m in handle::live::<Mem>() {
-        if !eligible(&m) {
+        // A dirty buffer's RAM copy is stale: the move reads it again.
+        if !eligible(&m) || m.dirty.load(Ordering::Relaxed) {
             continue;
         }
         let key_of = Arc::as_ptr(&m) as usize;
