@@ -570,6 +570,33 @@ fn back_home(sock: &Path, back: &Request, stop: &AtomicBool, done: &mut Injected
     false
 }
 
+/// How long, since boot, some task of this machine waited for a CPU (the
+/// kernel's pressure stall information, "some"); None where the kernel
+/// does not report it.
+fn cpu_stall() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/pressure/cpu").ok()?;
+    parse_cpu_stall(&text)
+}
+
+fn parse_cpu_stall(text: &str) -> Option<Duration> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    let total = line
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("total="))?;
+    total.parse().ok().map(Duration::from_micros)
+}
+
+/// Whether a run that has taken `wall`, during `stalled` of which some task
+/// of the machine waited for a CPU, is past its `limit`: the limit (set from
+/// the native run's wall time) counts only the time the run could have used
+/// the CPU, so that a run starved by other work (the conformance tier at idle
+/// priority beside the emulated hosts of the end-to-end tier) is not taken
+/// for a hang, while a run that sleeps (a real hang) is stopped at the limit.
+/// Never past three times the limit of wall time, whatever the load.
+fn out_of_time(wall: Duration, stalled: Duration, limit: Duration) -> bool {
+    wall.saturating_sub(stalled) > limit || wall > limit * 3
+}
+
 /// Runs one process of `suite` with `subtests` in `mode`.
 fn run_once(
     setup: &Setup,
@@ -625,6 +652,7 @@ fn run_once(
         let interval = setup.interval;
         std::thread::spawn(move || inject(mode, sock, target, interval, stop))
     });
+    let stalled_at_start = cpu_stall();
     let end = loop {
         if let Some(st) = child.try_wait()? {
             break match st.code() {
@@ -632,7 +660,10 @@ fn run_once(
                 None => End::Signal(st.signal().unwrap_or(0)),
             };
         }
-        if t.elapsed() > limit {
+        let stalled = stalled_at_start
+            .zip(cpu_stall())
+            .map_or(Duration::ZERO, |(a, b)| b.saturating_sub(a));
+        if out_of_time(t.elapsed(), stalled, limit) {
             // SAFETY: kill has no memory-safety preconditions; the group is
             // the child's own (process_group(0)).
             unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
@@ -1265,6 +1296,18 @@ mod tests {
     #[test]
     fn crane_proxy_gets_more_time_than_the_other_modes() {
         assert_eq!(mode_limit(10.0, Mode::Cycles), Duration::from_secs(120));
+        let s = Duration::from_secs;
+        assert!(!out_of_time(s(150), s(60), s(120)), "starved 60 s of 150");
+        assert!(out_of_time(s(150), s(0), s(120)), "a sleeping hang");
+        assert!(out_of_time(s(361), s(361), s(120)), "three times the limit");
+        assert_eq!(
+            parse_cpu_stall(
+                "some avg10=7.49 avg60=4.07 avg300=16.82 total=6373963413\n\
+                 full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+            ),
+            Some(Duration::from_micros(6_373_963_413))
+        );
+        assert_eq!(parse_cpu_stall("full avg10=0.00 total=5\n"), None);
         assert_eq!(mode_limit(30.0, Mode::Switches), Duration::from_secs(180));
         assert_eq!(mode_limit(30.0, Mode::Remote), Duration::from_secs(420));
         assert_eq!(mode_limit(1.0, Mode::Remote), Duration::from_secs(120));

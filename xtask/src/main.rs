@@ -2,9 +2,10 @@
 //!
 //! * `cargo xtask test` — everything CI runs: formatting, clippy, unit and
 //!   integration tests (the OpenCL corpus on PoCL; the test binaries
-//!   `CRANE_TEST_JOBS`, default 3, at a time), the conformance subset
-//!   (`conformance --ci`), then the end-to-end tier's core scenario on
-//!   emulated Xen hosts (`CRANE_E2E_FULL=1`: the full one; skipped, loudly,
+//!   `CRANE_TEST_JOBS`, default 3, at a time), then the end-to-end tier's
+//!   core scenario on emulated Xen hosts with the conformance subset
+//!   (`conformance --ci`) beside it at idle priority (`CRANE_E2E_FULL=1`: the
+//!   full scenario; the end-to-end tier is skipped, loudly,
 //!   where this machine cannot run it; `CRANE_REQUIRE_E2E=1` makes that an
 //!   error).
 //! * `cargo xtask demo [--hosts 2] [--app PATH [-- ARGS]]` — on emulated Xen
@@ -166,13 +167,17 @@ fn test() -> Result<()> {
         name: "doc tests".into(),
         cmd: doc,
     });
-    // The conformance tier (the Khronos CTS subset that fits CI, natively and
-    // through crane in every mode, two modes at a time) and the two benchmarks'
-    // smoke runs go into the same pool: the test binaries leave cores idle.
-    jobs.extend(conformance_tier_jobs()?);
+    // The two benchmarks' smoke runs go into the same pool: the test binaries
+    // leave cores idle. The conformance tier (the Khronos CTS subset that fits
+    // CI, natively and through crane in every mode, two modes at a time) runs
+    // beside the end-to-end tier, whose emulated hosts leave a core mostly
+    // idle for its whole run (below).
+    let (cts, benches) = conformance_tier_jobs()?;
+    jobs.extend(benches);
     pool::run_all(jobs, pool::jobs_from_env()?)?;
     eprintln!(
-        "xtask: unit, integration and conformance tiers passed in {:.0} s; now the end-to-end tier",
+        "xtask: unit and integration tiers passed in {:.0} s; now the end-to-end tier, the \
+         conformance tier beside it",
         t.elapsed().as_secs_f64()
     );
     let waiting = Instant::now();
@@ -189,8 +194,29 @@ fn test() -> Result<()> {
         );
     }
     match tier::prepare() {
-        Readiness::Ready => tier::run()?,
+        Readiness::Ready => {
+            // At idle priority (inherited by the suites it runs): QEMU's
+            // emulated hosts must never wait for it (a starved host stalls).
+            let beside = std::thread::Builder::new()
+                .name("conformance-tier".into())
+                .spawn(move || {
+                    idle_priority_for_this_thread()?;
+                    pool::run_all(vec![cts], 1)
+                })
+                .context("starting the conformance tier")?;
+            let e2e = tier::run();
+            let cts = beside
+                .join()
+                .map_err(|_| anyhow::anyhow!("the conformance tier panicked"))?;
+            match (e2e, cts) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Ok(())) => return Err(e),
+                (Ok(()), Err(e)) => return Err(e.context("the conformance tier")),
+                (Err(e), Err(c)) => bail!("{e:#}; and the conformance tier: {c:#}"),
+            }
+        }
         Readiness::Skip(reason) => {
+            pool::run_all(vec![cts], 1)?;
             announce_skip(&reason);
             if std::env::var(tier::REQUIRE_ENV).as_deref() == Ok("1") {
                 bail!(
@@ -199,8 +225,8 @@ fn test() -> Result<()> {
                 );
             }
             eprintln!(
-                "xtask: unit and integration tiers passed in {:.0} s; the end-to-end tier was \
-                 SKIPPED: {reason}",
+                "xtask: unit, integration and conformance tiers passed in {:.0} s; the \
+                 end-to-end tier was SKIPPED: {reason}",
                 t.elapsed().as_secs_f64()
             );
             return Ok(());
@@ -213,13 +239,14 @@ fn test() -> Result<()> {
     Ok(())
 }
 
-/// The conformance tier as pool jobs, each this program run again on the
-/// debug builds made above: the CTS subset in every mode; every transfer path
+/// The conformance tier and the benchmarks' smoke runs as pool jobs, each
+/// this program run again on the debug builds made above: the CTS subset in
+/// every mode (returned first, on its own); every transfer path
 /// at tiny sizes natively and under crane (the benchmark cannot rot, and each
 /// path's bytes are checked under crane); the stoppage benchmark at 1 MiB
 /// (suspend/resume and a move to crane-proxy and back, the application's
 /// memory checked at the end).
-fn conformance_tier_jobs() -> Result<Vec<pool::Job>> {
+fn conformance_tier_jobs() -> Result<(pool::Job, Vec<pool::Job>)> {
     let debug = root().join("target/debug");
     let lib = debug.join("libcrane_opencl.so");
     let proxy = debug.join("crane-proxy");
@@ -234,20 +261,20 @@ fn conformance_tier_jobs() -> Result<Vec<pool::Job>> {
     };
     let (lib, proxy) = (lib.as_os_str(), proxy.as_os_str());
     let o = |s: &'static str| std::ffi::OsStr::new(s);
-    Ok(vec![
-        job(
-            "xtask conformance",
-            &[
-                o("conformance"),
-                o("--ci"),
-                o("--jobs"),
-                o("2"),
-                o("--lib"),
-                lib,
-                o("--proxy"),
-                proxy,
-            ],
-        ),
+    let cts = job(
+        "xtask conformance",
+        &[
+            o("conformance"),
+            o("--ci"),
+            o("--jobs"),
+            o("2"),
+            o("--lib"),
+            lib,
+            o("--proxy"),
+            proxy,
+        ],
+    );
+    let benches = vec![
         job(
             "xtask bench-data",
             &[
@@ -280,7 +307,8 @@ fn conformance_tier_jobs() -> Result<Vec<pool::Job>> {
                 proxy,
             ],
         ),
-    ])
+    ];
+    Ok((cts, benches))
 }
 
 /// Gets the end-to-end tier ready while the other tiers run: installs its host
@@ -1278,9 +1306,10 @@ mod tests {
 
     #[test]
     fn the_ci_tier_s_own_invocations_parse() {
-        let jobs = conformance_tier_jobs().unwrap();
-        assert_eq!(jobs.len(), 3);
-        for job in jobs {
+        let (cts, benches) = conformance_tier_jobs().unwrap();
+        assert_eq!(cts.name, "xtask conformance");
+        assert_eq!(benches.len(), 2);
+        for job in std::iter::once(cts).chain(benches) {
             let argv = std::iter::once(std::ffi::OsStr::new("xtask")).chain(job.cmd.get_args());
             if let Err(e) = Cli::try_parse_from(argv) {
                 panic!("{}: {e}", job.name);
