@@ -354,11 +354,7 @@ impl Pool {
             None if want < SMALL => self.slot(want)?,
             None => Region::new(want)?,
         };
-        let vdev = ctx
-            .devices
-            .first()
-            .map_or(std::ptr::null_mut(), |d| d.base.vendor());
-        pin(region.pinned(), ctx.base.vendor(), vdev);
+        pin(region.pinned(), ctx.base.vendor(), first_device(ctx));
         Some(Staging {
             region: Some(region),
             pool: Arc::downgrade(self),
@@ -413,11 +409,7 @@ impl Staging {
     /// Pins the region for `ctx`'s vendor context if it is not pinned there.
     pub fn repin(&self, ctx: &Context) {
         if let Some(r) = &self.region {
-            let vdev = ctx
-                .devices
-                .first()
-                .map_or(std::ptr::null_mut(), |d| d.base.vendor());
-            pin(r.pinned(), ctx.base.vendor(), vdev);
+            pin(r.pinned(), ctx.base.vendor(), first_device(ctx));
         }
     }
 }
@@ -477,23 +469,16 @@ pub fn drop_kept_pins() {
     drop(pins);
 }
 
-/// How many bytes kept pins hold (for tests and diagnostics).
-pub fn kept_pinned_bytes() -> usize {
+/// How many bytes kept pins hold (against [`KEPT_MAX`]).
+fn kept_pinned_bytes() -> usize {
     kept().iter().map(|(_, _, p)| p.1).sum()
 }
 
 impl Drop for HostBytes {
     fn drop(&mut self) {
-        if self.kept != 0 {
-            // The pin goes before its memory does (the region is unmapped
-            // after this, with the fields).
-            let id = self.kept;
-            let pin = {
-                let mut k = kept();
-                k.iter().position(|e| e.0 == id).map(|i| k.swap_remove(i))
-            };
-            drop(pin);
-        }
+        // The pin goes before its memory does (the region is unmapped after
+        // this, with the fields).
+        drop(self.take_kept_pin());
     }
 }
 
@@ -571,14 +556,15 @@ impl HostBytes {
     /// transfers are then only slower, or if a pin kept on them for that
     /// context holds them already).
     pub fn pin(&self, ctx: &Context) -> Option<TempPin> {
-        let vdev = ctx
-            .devices
-            .first()
-            .map_or(std::ptr::null_mut(), |d| d.base.vendor());
         if self.pinned_on(ctx.base.vendor()) {
             return None;
         }
-        TempPin::new(ctx.base.vendor(), vdev, self.region.addr, self.region.len)
+        TempPin::new(
+            ctx.base.vendor(),
+            first_device(ctx),
+            self.region.addr,
+            self.region.len,
+        )
     }
 
     /// Pins these bytes on the vendor context `vctx` (of device `vdev`)
@@ -606,30 +592,19 @@ impl HostBytes {
         if kept_pinned_bytes().saturating_add(self.region.len) > *KEPT_MAX {
             return;
         }
-        let vdev = ctx
-            .devices
-            .first()
-            .map_or(std::ptr::null_mut(), |d| d.base.vendor());
-        let Some(pin) = TempPin::new(vctx, vdev, self.region.addr, self.region.len) else {
+        let Some(pin) = TempPin::new(vctx, first_device(ctx), self.region.addr, self.region.len)
+        else {
             return;
         };
         // One kept pin per memory: one on another context goes first.
+        drop(self.take_kept_pin());
         let id = KEPT_IDS.fetch_add(1, Ordering::Relaxed);
-        let old = {
-            let mut k = kept();
-            let old = k
-                .iter()
-                .position(|e| e.0 == self.kept)
-                .map(|i| k.swap_remove(i));
-            k.push((id, vctx as usize, pin));
-            old
-        };
-        drop(old);
+        kept().push((id, vctx as usize, pin));
         self.kept = id;
     }
 
     /// Takes the pin kept on these bytes out (to be dropped: released on
-    /// its vendor), if there is one.
+    /// its vendor, outside the registry's lock), if there is one.
     pub fn take_kept_pin(&mut self) -> Option<TempPin> {
         let id = std::mem::take(&mut self.kept);
         if id == 0 {
@@ -743,6 +718,13 @@ fn populate(addr: usize, len: usize) {
     // SAFETY: advice, not an access: it changes no byte of whatever is
     // mapped there (see above).
     unsafe { libc::madvise(addr as *mut c_void, len, libc::MADV_POPULATE_WRITE) };
+}
+
+/// The vendor device of `ctx`'s first device (null: none).
+fn first_device(ctx: &Context) -> *mut c_void {
+    ctx.devices
+        .first()
+        .map_or(std::ptr::null_mut(), |d| d.base.vendor())
 }
 
 /// A pin held for the length of a few transfers (see [`HostBytes::pin`]):

@@ -123,6 +123,14 @@ precopy_test!(copies, "3000");
 precopy_test!(subbuffers, "3000");
 precopy_test!(multictx, "2000");
 
+/// RAM copies from 4 KiB pinned as on a GPU, with the debug lines that say
+/// where a read found a kept pin.
+const PINNED_AS_ON_A_GPU: &[(&str, &str)] = &[
+    ("CRANE_PIN_CPU", "1"),
+    ("CRANE_PIN_MIN", "4096"),
+    ("CRANE_DEBUG", "1"),
+];
+
 /// With RAM copies pinned as on a GPU (`CRANE_PIN_CPU=1`), a pre-copy keeps
 /// the pins on the copies of buffers the application changed again during
 /// it, and a suspend soon after reads what changed into that pinned memory
@@ -133,13 +141,9 @@ precopy_test!(multictx, "2000");
 /// kept pins.
 #[test]
 fn pingpong_with_pins_kept_from_the_precopy() {
-    let env = [
-        ("CRANE_PIN_CPU", "1"),
-        ("CRANE_PIN_MIN", "4096"),
-        ("CRANE_DEBUG", "1"),
-    ];
     let want = common::native("pingpong", "6000");
-    let (line, rounds, err) = precopied_with("pingpong", "6000", 0x2545f4914f6cdd1d, &env);
+    let (line, rounds, err) =
+        precopied_with("pingpong", "6000", 0x2545f4914f6cdd1d, PINNED_AS_ON_A_GPU);
     assert_eq!(line, want);
     assert!(rounds > 0, "no pre-copy was followed by a suspend");
     let warm = err
@@ -315,15 +319,15 @@ fn precopied_remote_with(
 /// one, and some round or move must have read into kept pins.
 #[test]
 fn remote_pingpong_with_pins_kept_across_rounds() {
-    let env = [
-        ("CRANE_PIN_CPU", "1"),
-        ("CRANE_PIN_MIN", "4096"),
-        ("CRANE_DEBUG", "1"),
-    ];
     let want = common::native("pingpong", "6000");
     let proxy = Proxy::start("precopy-pins", false, &[("k", "t")]);
-    let (line, moves, err) =
-        precopied_remote_with("pingpong", "6000", 0x5851f42d4c957f2d, &proxy, &env);
+    let (line, moves, err) = precopied_remote_with(
+        "pingpong",
+        "6000",
+        0x5851f42d4c957f2d,
+        &proxy,
+        PINNED_AS_ON_A_GPU,
+    );
     assert_eq!(line, want);
     assert!(moves > 0, "no move to crane-proxy");
     assert!(
