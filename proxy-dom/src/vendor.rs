@@ -81,6 +81,9 @@ pub struct Vendor {
     /// The dispatch tables (by address) of the platforms whose vendor leaks
     /// a context reference per destroyed 1D image buffer (`crate::quirks`).
     leaky: Vec<usize>,
+    /// The dispatch tables of PoCL platforms with the binary format each
+    /// reads (`crane_vendor_loader::pocl_binary`).
+    pocl_formats: Vec<(usize, u32)>,
 }
 
 type GetPlatformIds = unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int;
@@ -266,12 +269,51 @@ impl Vendor {
             libraries,
             smallest_global_mem: None,
             leaky: Vec::new(),
+            pocl_formats: Vec::new(),
         };
         // Enumerating the devices here, under the lock, also completes the
         // vendor's initialisation before any session runs.
         v.smallest_global_mem = v.query_smallest_global_mem();
         v.leaky = v.query_leaky();
+        v.pocl_formats = v.query_pocl_formats();
         v
+    }
+
+    /// The PoCL platforms whose binaries sessions' binaries are checked
+    /// against before PoCL reads them (`crate::quirks`).
+    fn query_pocl_formats(&self) -> Vec<(usize, u32)> {
+        let mut formats = Vec::new();
+        for lib in &self.libraries {
+            for &p in &lib.platforms {
+                let Some(version) = platform_version(p) else {
+                    continue;
+                };
+                let Some(format) = crane_vendor_loader::pocl_binary::format_of_platform(&version)
+                else {
+                    continue;
+                };
+                // SAFETY: a platform of a loaded vendor library.
+                let table = unsafe { dispatch(p.get()) } as *const _cl_icd_dispatch as usize;
+                if !formats.iter().any(|&(t, _)| t == table) {
+                    formats.push((table, format));
+                }
+            }
+        }
+        formats
+    }
+
+    /// The PoCL binary format the vendor of object `v` reads, if it is a
+    /// PoCL whose format crane knows.
+    pub fn pocl_binary_format(&self, v: VPtr) -> Option<u32> {
+        if self.pocl_formats.is_empty() {
+            return None;
+        }
+        // SAFETY: as in `leaks_image1d_buffer_context`.
+        let table = unsafe { dispatch(v.get()) } as *const _cl_icd_dispatch as usize;
+        self.pocl_formats
+            .iter()
+            .find(|&&(t, _)| t == table)
+            .map(|&(_, f)| f)
     }
 
     /// The dispatch tables of the platforms that leak a context reference

@@ -339,3 +339,141 @@ fn a_missing_token_file_refuses_sessions_until_it_appears() {
     let mut c = Client::connect_tcp(p.tcp, "new-token").unwrap();
     assert_eq!(c.call(Call::Sync, &[]).0, Answer::Status(0));
 }
+
+const CL_INVALID_BINARY: i32 = -42;
+
+/// Builds `program` (made from a binary), makes its kernel `k`, runs it on
+/// 64 work-items into a fresh buffer and returns what it wrote.
+fn run_k(c: &mut Client, env: &Env, program: crane_wire::Id) -> Vec<u8> {
+    let (a, _) = c.call(
+        Call::BuildProgram {
+            program,
+            devices: vec![env.device],
+            options: String::new(),
+        },
+        &[],
+    );
+    assert_eq!(a, Answer::Status(0), "built");
+    let kernel = c.id();
+    c.post(
+        Call::CreateKernel {
+            id: kernel,
+            program,
+            name: "k".into(),
+        },
+        &[],
+    );
+    let out = create_buffer(c, env, CL_MEM_READ_WRITE, 256, None);
+    set_arg(c, kernel, 0, KernelArg::Object(out));
+    c.post(
+        Call::EnqueueNdRange {
+            queue: env.queue,
+            kernel,
+            dims: 1,
+            offset: None,
+            global: [64, 1, 1],
+            local: None,
+            sync: Sync::default(),
+        },
+        &[],
+    );
+    read(c, env, out, 256, vec![])
+}
+
+/// A program made from `bin` on the environment's device: the answer.
+fn from_binary(c: &mut Client, env: &Env, bin: &[u8]) -> (crane_wire::Id, Answer) {
+    let id = c.id();
+    let (a, _) = c.call(
+        Call::CreateProgramWithBinary {
+            id,
+            context: env.context,
+            devices: vec![env.device],
+            sizes: vec![bin.len() as u64],
+        },
+        bin,
+    );
+    (id, a)
+}
+
+/// PoCL aborts the process on a binary it cannot read; its own binaries
+/// can be such when another process rewrites its kernel cache as it
+/// serialises one (crane_vendor_loader::pocl_binary). crane-proxy answers
+/// CL_INVALID_BINARY for those instead, and the session and the process go
+/// on. PoCL's own binary, read back from a program that ran, is taken.
+#[test]
+fn a_binary_pocl_would_abort_on_is_refused_and_the_proxy_goes_on() {
+    let mut p = ProxyProcess::start(&[]);
+    let mut c = Client::connect_tcp(p.tcp, TOKEN_A).unwrap();
+    let env = setup(&mut c);
+    let source =
+        "__kernel void k(__global int *o) { size_t i = get_global_id(0); o[i] = 3 * (int)i + 1; }";
+    let program = build(&mut c, &env, source);
+    let (a, bin) = c.call(Call::GetProgramBinaries { program }, &[]);
+    assert!(
+        matches!(&a, Answer::Binaries { status: 0, sizes } if sizes == &[bin.len() as u64]),
+        "{a:?}"
+    );
+    let want: Vec<u8> = (0..64i32).flat_map(|i| (3 * i + 1).to_ne_bytes()).collect();
+    let (good, a) = from_binary(&mut c, &env, &bin);
+    assert_eq!(
+        a,
+        Answer::Binary {
+            status: 0,
+            per_binary: vec![0]
+        }
+    );
+    assert_eq!(run_k(&mut c, &env, good), want);
+    // Read again after the kernel ran: its cache files are in it now.
+    let (_, ran) = c.call(Call::GetProgramBinaries { program: good }, &[]);
+    if !crane_vendor_loader::pocl_binary::is_pocl_binary(&ran) {
+        eprintln!("not PoCL: nothing more to check");
+        return;
+    }
+    // What a rewrite of PoCL's cache leaves: program.bc's entry empty.
+    let format = u32::from_le_bytes(ran[16..20].try_into().unwrap());
+    let flags = u64::from_le_bytes(ran[24..32].try_into().unwrap());
+    let root = 77 + if format >= 10 && flags & 2 != 0 { 8 } else { 0 };
+    let size = u64::from_le_bytes(ran[root..root + 8].try_into().unwrap()) as usize;
+    assert!(size > 0);
+    let mut emptied = ran[..root].to_vec();
+    emptied.extend_from_slice(&0u64.to_le_bytes());
+    emptied.extend_from_slice(&ran[root + 8 + size..]);
+    let cut = &ran[..ran.len() / 2];
+    for (what, bad) in [("emptied program.bc", &emptied[..]), ("cut in half", cut)] {
+        let (id, a) = from_binary(&mut c, &env, bad);
+        if a == (Answer::Binary {
+            status: 0,
+            per_binary: vec![0],
+        }) {
+            // Unchecked, PoCL aborts here.
+            c.call(
+                Call::BuildProgram {
+                    program: id,
+                    devices: vec![env.device],
+                    options: String::new(),
+                },
+                &[],
+            );
+        }
+        assert!(p.alive(), "crane-proxy ended on a binary {what}");
+        assert_eq!(
+            a,
+            Answer::Binary {
+                status: CL_INVALID_BINARY,
+                per_binary: vec![CL_INVALID_BINARY]
+            },
+            "{what}"
+        );
+    }
+    // The session goes on, and PoCL's good binary still serves.
+    let (again, a) = from_binary(&mut c, &env, &ran);
+    assert_eq!(
+        a,
+        Answer::Binary {
+            status: 0,
+            per_binary: vec![0]
+        }
+    );
+    assert_eq!(run_k(&mut c, &env, again), want);
+    assert!(p.alive());
+}

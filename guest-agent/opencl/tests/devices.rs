@@ -210,6 +210,88 @@ fn reused(r: &Response) -> u64 {
         .bytes
 }
 
+/// Every `program.bc` below `dir`, removed; how many.
+fn remove_program_bcs(dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+        let path = e.path();
+        if e.file_type().unwrap().is_dir() {
+            n += remove_program_bcs(&path);
+        } else if path.file_name().is_some_and(|f| f == "program.bc") {
+            std::fs::remove_file(&path).unwrap();
+            n += 1;
+        }
+    }
+    n
+}
+
+/// PoCL's kernel cache is shared by the user's processes, and a build that
+/// finds no `program.bc` there removes and writes it again; a binary PoCL
+/// serialises in between has an empty `program.bc`, and PoCL aborts the
+/// process that makes a program from it (found by the conformance suite,
+/// crane_vendor_loader::pocl_binary). Here the files are removed while the
+/// program runs, so the executable read at the suspend is such a binary: it
+/// is not kept, the resume compiles the program again from its source, and
+/// the program ends with the native result (before, the resume aborted it).
+#[test]
+fn an_executable_pocl_could_not_read_back_is_not_kept() {
+    let iters = "40000";
+    let dir = scratch("devices-no-program-bc");
+    let cache = dir.path().join("pocl-cache");
+    let child = under_crane("pingpong", iters, dir.path())
+        .env(BOTH.0, BOTH.1)
+        .env("POCL_CACHE_DIR", &cache)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(dir.path(), child.id());
+    wait_socket(&sock);
+    let started = Instant::now();
+    while status(&sock).objects.kernels < 2 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        remove_program_bcs(&cache) > 0,
+        "PoCL kept no program.bc in {cache:?}"
+    );
+    let t = Duration::from_secs(60);
+    let s = call(
+        &sock,
+        &Request::Suspend {
+            deadline_ms: 20_000,
+        },
+        t,
+    )
+    .unwrap();
+    assert!(s.ok, "{:?}", s.error);
+    assert_eq!(
+        reused(&call(&sock, &Request::RESUME, t).unwrap()),
+        0,
+        "resumed from an executable without its program.bc"
+    );
+    // Compiled again, its program.bc is back: the next cycle reuses the
+    // executable kept then.
+    let s = call(
+        &sock,
+        &Request::Suspend {
+            deadline_ms: 20_000,
+        },
+        t,
+    )
+    .unwrap();
+    assert!(s.ok, "{:?}", s.error);
+    assert!(reused(&call(&sock, &Request::RESUME, t).unwrap()) > 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(result_line(&out.stdout), native("pingpong", iters));
+}
+
 /// Programs come back from the executables kept at suspend when the device
 /// and its driver are the same (no compiler run), and are compiled again from
 /// their source on another device (whose own executable is kept in turn);

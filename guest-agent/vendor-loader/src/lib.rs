@@ -39,9 +39,11 @@
 //!
 //! [`quirks`] tells which vendor versions have the bugs crane works around,
 //! for both sides that run calls on a vendor (the interposer and
-//! crane-proxy).
+//! crane-proxy); [`pocl_binary`] checks PoCL program binaries before PoCL,
+//! which aborts on a flawed one, reads them.
 
 mod objects;
+pub mod pocl_binary;
 pub mod quirks;
 mod residue;
 mod stacks;

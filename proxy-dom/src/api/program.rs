@@ -123,9 +123,25 @@ impl Session {
             let lengths: Vec<usize> = sizes.iter().map(|&n| n as usize).collect();
             let mut binaries: Vec<*const u8> = Vec::with_capacity(sizes.len());
             let mut at = 0usize;
-            for &n in &lengths {
-                binaries.push(payload[at..].as_ptr());
+            // PoCL aborts the process on a binary it cannot read
+            // (`crate::quirks`): each is checked first, and one it would
+            // abort on gets the specification's answer instead.
+            let pocl = s.shared.vendor.pocl_binary_format(ctx);
+            let mut flawed = false;
+            for (i, &n) in lengths.iter().enumerate() {
+                let bin = &payload[at..at + n];
+                if let Some(format) = pocl
+                    && let Err(flaw) = crane_vendor_loader::pocl_binary::check(bin, Some(format))
+                {
+                    log::warn!("session {}: binary {i} of program {id}: {flaw}", s.id);
+                    per_binary[i] = CL_INVALID_BINARY;
+                    flawed = true;
+                }
+                binaries.push(bin.as_ptr());
                 at += n;
+            }
+            if flawed {
+                return Err(CallError::Cl(CL_INVALID_BINARY));
             }
             let f = vfn!(ctx.get(), clCreateProgramWithBinary)?;
             let mut err = CL_SUCCESS;

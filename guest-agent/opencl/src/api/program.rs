@@ -75,7 +75,17 @@ fn binaries_of_type(
             )
         })?;
         match p.context.devices.iter().find(|d| d.base.vendor() == vd) {
-            Some(d) if ty == want && !bin.is_empty() => out.push((d.clone(), vd, bin)),
+            Some(d) if ty == want && !bin.is_empty() => {
+                // A binary the vendor itself could not read back (PoCL's,
+                // serialised while another process rewrote its cache:
+                // `crane_vendor_loader::pocl_binary`) is not kept; the
+                // program is built again from its source.
+                if let Err(flaw) = crane_vendor_loader::pocl_binary::check(&bin, None) {
+                    crate::config::debug!("a program's binary is not kept: {flaw}");
+                    return Err(CL_INVALID_BINARY);
+                }
+                out.push((d.clone(), vd, bin))
+            }
             _ => return Err(CL_INVALID_PROGRAM),
         }
     }
