@@ -81,6 +81,21 @@ pub fn move_read_fails() -> bool {
     }
 }
 
+/// `CRANE_FAULT_SLOW_RELEASE_MS=N`: the release of the vendor objects a
+/// suspend or move took out waits N ms first, as NVIDIA's release of a
+/// context with its memory takes tens to hundreds of ms, while the
+/// application already runs on the move's target.
+#[inline(always)]
+pub fn slow_release() {
+    #[cfg(any(feature = "fault-injection", debug_assertions))]
+    if let Some(ms) = std::env::var("CRANE_FAULT_SLOW_RELEASE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// The fault point of the entry point whose body is the closure type `F`.
 #[inline(always)]
 pub fn entry<F>() {

@@ -366,6 +366,33 @@ pub fn live<T: ClObject>() -> Vec<Arc<T>> {
     all
 }
 
+/// How many objects of kind `T` are alive, without taking a reference to
+/// any: [`live`]'s references, taken outside the gate (a status query),
+/// would make the application's release of such an object end on this
+/// thread, after its call returned (a kernel then still attached to its
+/// program when the application builds it again).
+pub fn count<T: ClObject>() -> usize {
+    let Some(a) = ARENA.get() else {
+        return 0;
+    };
+    let _free = a.free.lock().unwrap_or_else(|e| e.into_inner());
+    let used = ARENA_USED.load(Ordering::Acquire) / SLOT_SIZE;
+    (0..used)
+        .filter(|&i| {
+            // SAFETY: i < used <= ARENA_SLOTS.
+            let slot = unsafe { &*a.base.add(i) };
+            if slot.kind.load(Ordering::Acquire) != T::KIND as u32 {
+                return false;
+            }
+            let obj = slot.object.load(Ordering::Acquire) as *const T;
+            // SAFETY: as in `live`: the slot's weak reference keeps the
+            // allocation while the lock is held.
+            !obj.is_null()
+                && std::mem::ManuallyDrop::new(unsafe { Weak::from_raw(obj) }).strong_count() > 0
+        })
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

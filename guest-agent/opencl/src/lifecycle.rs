@@ -1241,8 +1241,20 @@ fn take_kind<T: ClObject>(held: &mut Held, family: Family, filter: impl Fn(&T) -
         if !v.is_null() {
             held.steps.push(Giveback::Release(v, family));
             let addr = v as usize;
-            held.restore
-                .push(Box::new(move || o.base().set_vendor(addr as *mut c_void)));
+            // Weak: the held objects are released beside the application
+            // once it runs on the move's target, and a strong reference
+            // here would keep an object it releases meanwhile (and its
+            // object there) alive until then; a kernel kept so stays
+            // attached to its program, whose next build the vendor refuses
+            // (CL_INVALID_OPERATION: the CTS's options_denorm_cache under
+            // switches on NVIDIA, whose release takes ~100 ms).
+            let o = Arc::downgrade(&o);
+            held.restore.push(Box::new(move || match o.upgrade() {
+                Some(o) => o.base().set_vendor(addr as *mut c_void),
+                // SAFETY: crane's reference to a live vendor object, in no
+                // crane object any more (its own was released meanwhile).
+                None => unsafe { release_family(addr as *mut c_void, family) },
+            }));
         }
     }
 }
@@ -1320,6 +1332,7 @@ fn restore_held(held: Held) {
 
 /// Releases held vendor objects in order.
 fn give_back(held: Held) {
+    crate::fault::slow_release();
     // Pins kept on RAM copies by a pre-copy, before the contexts they were
     // made on (the reads that used them are done).
     staging::drop_kept_pins();
@@ -2903,14 +2916,14 @@ pub fn status() -> crane_control::AppStatus {
     }
     crane_control::AppStatus {
         objects: crane_control::ObjectCounts {
-            contexts: handle::live::<Context>().len(),
-            queues: handle::live::<Queue>().len(),
+            contexts: handle::count::<Context>(),
+            queues: handle::count::<Queue>(),
             buffers: mems.iter().filter(|m| !m.is_image()).count(),
             images: mems.iter().filter(|m| m.is_image()).count(),
-            samplers: handle::live::<Sampler>().len(),
-            programs: handle::live::<Program>().len(),
-            kernels: handle::live::<Kernel>().len(),
-            events: handle::live::<Event>().len(),
+            samplers: handle::count::<Sampler>(),
+            programs: handle::count::<Program>(),
+            kernels: handle::count::<Kernel>(),
+            events: handle::count::<Event>(),
             svm_allocations: api::svm::live_bytes().0,
         },
         tracked_bytes: tracked,

@@ -341,6 +341,63 @@ fn programs_made_from_kept_binaries_compile_and_build_again() {
     );
 }
 
+/// A kernel the application releases while the objects a move took from
+/// the old vendor are still being released beside it (NVIDIA's release
+/// takes ~100 ms; 1.5 s here, `CRANE_FAULT_SLOW_RELEASE_MS`) is gone at
+/// once, so its program can be built again, as natively. Before, the
+/// released kernel lived until that release ended, still attached to its
+/// program, and the build was refused (CL_INVALID_OPERATION: the CTS's
+/// `test_compiler options_denorm_cache` under switches on NVIDIA).
+/// `programs` holds with program E's kernel alive, releases it once the
+/// move has begun and builds E again 10 iterations later, on crane-proxy.
+#[test]
+fn a_kernel_released_during_a_move_leaves_its_program_free_to_build() {
+    let iters = "300";
+    let want = native("programs", iters);
+    let proxy = Proxy::start("released-kernel", false, &[("k", "t")]);
+    let scratch = scratch("remote-released-kernel");
+    let run_dir = scratch.path();
+    let release = hold_file(run_dir);
+    let child = under_crane("programs", iters, run_dir)
+        .env("TESTAPP_HOLD", &release)
+        .env("CRANE_FAULT_SLOW_RELEASE_MS", "1500")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(run_dir, child.id());
+    wait_socket(&sock);
+    let started = Instant::now();
+    while !run_dir.join("release.held").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "not holding");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Duration::from_secs(120);
+    let (to, addr) = (sock.clone(), proxy.addr.clone());
+    // The move answers once the old objects are released; the program is
+    // let go while it is under way (parked at once: its calls wait for the
+    // move's rebuild, then run on crane-proxy beside the release).
+    let mover = std::thread::spawn(move || call(&to, &remote(&addr, "k"), t));
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&release, b"").unwrap();
+    let r = match mover.join().unwrap() {
+        Ok(r) => r,
+        Err(e) => {
+            let out = child.wait_with_output().unwrap();
+            panic!("remote: {e}\n{}", String::from_utf8_lossy(&out.stderr));
+        }
+    };
+    assert!(r.ok, "remote: {:?}", r.error);
+    // It ends on crane-proxy, E built again there 14 times.
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(result_line(&out.stdout), want);
+}
+
 /// crane does not send an argument again that the proxy's kernel holds
 /// already, but a wrong one set again fails again, as natively (the client
 /// checks its size: the call itself returns the error); valid arguments then
