@@ -809,9 +809,21 @@ where
     if unsafe { f(v, param, 0, std::ptr::null_mut(), &mut n) } != CL_SUCCESS {
         return None;
     }
-    let mut buf = vec![0u8; n];
-    // SAFETY: `buf` holds n bytes.
-    if unsafe { f(v, param, n, buf.as_mut_ptr().cast(), std::ptr::null_mut()) } != CL_SUCCESS {
+    // Room beyond the reported size, offered to the vendor: one that
+    // writes past its own answer writes there (docs/conformance.md,
+    // kernel_name_size on NVIDIA).
+    let mut buf = vec![0u8; n + 4096];
+    // SAFETY: `buf` holds buf.len() bytes.
+    if unsafe {
+        f(
+            v,
+            param,
+            buf.len(),
+            buf.as_mut_ptr().cast(),
+            std::ptr::null_mut(),
+        )
+    } != CL_SUCCESS
+    {
         return None;
     }
     Some(

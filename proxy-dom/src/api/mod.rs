@@ -112,11 +112,19 @@ pub(crate) fn query(f: impl Fn(usize, *mut c_void, *mut usize) -> cl_int) -> Cal
     if size > MAX_INFO {
         return Err(CallError::Cl(CL_OUT_OF_HOST_MEMORY));
     }
-    let mut v = host_buffer(size as u64)?;
-    if size > 0 {
-        let mut got = size;
-        check(f(size, v.as_mut_ptr().cast(), &mut got))?;
-        v.truncate(got.min(size));
+    if size == 0 {
+        return Ok(Vec::new());
     }
+    // Room beyond the size the vendor reported, offered to it: a vendor
+    // that writes past its own answer writes there, not into the heap
+    // (docs/conformance.md, kernel_name_size on NVIDIA).
+    let room = size + QUERY_SLACK;
+    let mut v = host_buffer(room as u64)?;
+    let mut got = size;
+    check(f(room, v.as_mut_ptr().cast(), &mut got))?;
+    v.truncate(got.min(room));
     Ok(v)
 }
+
+/// Bytes [`query`] offers beyond the reported size.
+const QUERY_SLACK: usize = 4096;
