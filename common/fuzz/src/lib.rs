@@ -13,6 +13,9 @@
 //!   (requests, responses, app results, agent state, admin requests and
 //!   results, permissions, craned's journal, the value syntax itself).
 //! * `config` — craned's and crane-agent's configuration files.
+//! * `pocl_binary` — PoCL program binaries, checked before PoCL reads them
+//!   (a tenant's `clCreateProgramWithBinary` on crane-proxy, the
+//!   executables the interposer keeps; `crane_vendor_loader::pocl_binary`).
 //!
 //! `fuzz/` runs them under libFuzzer (`cargo +nightly fuzz run TARGET`);
 //! this crate's tests replay their corpora (`fuzz/corpus/TARGET/`) and
@@ -31,6 +34,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("control", control),
     ("xenstore", xenstore),
     ("config", config),
+    ("pocl_binary", pocl_binary),
 ];
 
 /// The largest payload either side accepts by default.
@@ -114,4 +118,11 @@ pub fn config(data: &[u8]) {
     let path = std::path::Path::new("/fuzz/config.toml");
     let _ = craned::config::Config::parse(path, &s);
     let _ = crane_agent::config::Config::parse(&s, path);
+}
+
+pub fn pocl_binary(data: &[u8]) {
+    use crane_vendor_loader::pocl_binary::check;
+    for format in [Some(9), Some(11), None] {
+        let _ = check(data, format);
+    }
 }

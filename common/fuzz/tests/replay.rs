@@ -23,6 +23,14 @@ fn seeds(target: &str) -> Vec<Vec<u8>> {
         out.extend_from_slice(payload);
         out
     };
+    if target == "pocl_binary" {
+        use crane_vendor_loader::pocl_binary::sample;
+        return vec![
+            sample(9, b"BC\xc0\xde", 2),
+            sample(11, b"BC\xc0\xde", 1),
+            sample(9, b"", 1),
+        ];
+    }
     match target {
         "wire_call" => vec![
             frame(

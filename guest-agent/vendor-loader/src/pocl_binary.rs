@@ -302,101 +302,105 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Writes binaries for [`sample`].
+struct Bin {
+    out: Vec<u8>,
+}
+
+impl Bin {
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.out.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.out.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn str2(&mut self, s: &[u8]) -> &mut Self {
+        self.u32(s.len() as u32);
+        self.out.extend_from_slice(s);
+        self
+    }
+}
+
+fn hash() -> Vec<u8> {
+    let mut h: Vec<u8> = (0..40).map(|i| b'A' + (i % 16) as u8).collect();
+    h[2] = b'/';
+    h.push(0);
+    h
+}
+
+fn file(name: &[u8], content: &[u8]) -> Vec<u8> {
+    let mut b = Bin { out: Vec::new() };
+    b.str2(name).str2(content);
+    b.out
+}
+
+fn kernel_record(format: u32, name: &[u8], files: &[u8]) -> Vec<u8> {
+    let mut m = Bin { out: Vec::new() };
+    m.str2(name).u32(1).u32(1); // one argument, one local
+    m.u64(0).u64(0).u64(0); // reqd work-group size
+    m.u64(64); // the local's size
+    m.str2(b"");
+    if format >= 10 {
+        m.u32(0).u32(KERNEL_HAS_WORKG_META);
+        for _ in 0..5 {
+            m.u32(1);
+        }
+    } else {
+        m.u64(0);
+    }
+    let args_at = m.out.len();
+    m.u32(0).u32(0).u64(0).u32(0).u32(4).str2(b"a").str2(b"int");
+    let arginfo = (m.out.len() - args_at) as u32;
+    let mut k = Bin { out: Vec::new() };
+    k.u64((20 + m.out.len() + files.len()) as u64)
+        .u64(files.len() as u64)
+        .u32(arginfo);
+    k.out.extend_from_slice(&m.out);
+    k.out.extend_from_slice(files);
+    k.out
+}
+
+/// A binary as PoCL's `pocl_binary_serialize` writes one, for `format` (9
+/// or 11), with `program_bc` as its `program.bc` (empty: the entry left
+/// empty, as PoCL's cache race leaves it) and `kernels` kernels (one
+/// argument, one local, one cache file each): for tests and fuzz seeds.
+#[doc(hidden)]
+pub fn sample(format: u32, program_bc: &[u8], kernels: u32) -> Vec<u8> {
+    let mut b = Bin {
+        out: MAGIC.to_vec(),
+    };
+    b.u64(0x1234).u32(format).u32(kernels).u64(0).u32(1);
+    b.out.extend_from_slice(&hash());
+    let root = if program_bc.is_empty() {
+        Vec::new()
+    } else {
+        file(b"/program.bc", program_bc)
+    };
+    b.u64(root.len() as u64);
+    b.out.extend_from_slice(&root);
+    for k in 0..kernels {
+        let name = format!("k{k}");
+        let files = file(
+            format!("/{name}/8-1-1/parallel.bc").as_bytes(),
+            b"BC\xc0\xde..",
+        );
+        b.out
+            .extend_from_slice(&kernel_record(format, name.as_bytes(), &files));
+    }
+    b.out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A binary as PoCL's `pocl_binary_serialize` writes one, for `format`,
-    /// with `kernels` kernels (one argument, one local, one cache file each).
-    struct Bin {
-        out: Vec<u8>,
-    }
-
-    impl Bin {
-        fn u32(&mut self, v: u32) -> &mut Self {
-            self.out.extend_from_slice(&v.to_le_bytes());
-            self
-        }
-        fn u64(&mut self, v: u64) -> &mut Self {
-            self.out.extend_from_slice(&v.to_le_bytes());
-            self
-        }
-        fn str2(&mut self, s: &[u8]) -> &mut Self {
-            self.u32(s.len() as u32);
-            self.out.extend_from_slice(s);
-            self
-        }
-    }
-
-    fn hash() -> Vec<u8> {
-        let mut h: Vec<u8> = (0..40).map(|i| b'A' + (i % 16) as u8).collect();
-        h[2] = b'/';
-        h.push(0);
-        h
-    }
-
-    fn file(name: &[u8], content: &[u8]) -> Vec<u8> {
-        let mut b = Bin { out: Vec::new() };
-        b.str2(name).str2(content);
-        b.out
-    }
-
-    fn kernel_record(format: u32, name: &[u8], files: &[u8]) -> Vec<u8> {
-        let mut m = Bin { out: Vec::new() };
-        m.str2(name).u32(1).u32(1); // one argument, one local
-        m.u64(0).u64(0).u64(0); // reqd work-group size
-        m.u64(64); // the local's size
-        m.str2(b"");
-        if format >= 10 {
-            m.u32(0).u32(KERNEL_HAS_WORKG_META);
-            for _ in 0..5 {
-                m.u32(1);
-            }
-        } else {
-            m.u64(0);
-        }
-        let args_at = m.out.len();
-        m.u32(0).u32(0).u64(0).u32(0).u32(4).str2(b"a").str2(b"int");
-        let arginfo = (m.out.len() - args_at) as u32;
-        let mut k = Bin { out: Vec::new() };
-        k.u64((20 + m.out.len() + files.len()) as u64)
-            .u64(files.len() as u64)
-            .u32(arginfo);
-        k.out.extend_from_slice(&m.out);
-        k.out.extend_from_slice(files);
-        k.out
-    }
-
-    fn binary(format: u32, program_bc: &[u8], kernels: u32) -> Vec<u8> {
-        let mut b = Bin {
-            out: MAGIC.to_vec(),
-        };
-        b.u64(0x1234).u32(format).u32(kernels).u64(0).u32(1);
-        b.out.extend_from_slice(&hash());
-        let root = if program_bc.is_empty() {
-            Vec::new()
-        } else {
-            file(b"/program.bc", program_bc)
-        };
-        b.u64(root.len() as u64);
-        b.out.extend_from_slice(&root);
-        for k in 0..kernels {
-            let name = format!("k{k}");
-            let files = file(
-                format!("/{name}/8-1-1/parallel.bc").as_bytes(),
-                b"BC\xc0\xde..",
-            );
-            b.out
-                .extend_from_slice(&kernel_record(format, name.as_bytes(), &files));
-        }
-        b.out
-    }
 
     #[test]
     fn well_formed_binaries_of_both_formats_pass() {
         for format in [9, 11] {
             for kernels in [0, 1, 3] {
-                let b = binary(format, b"BC\xc0\xde", kernels);
+                let b = sample(format, b"BC\xc0\xde", kernels);
                 assert_eq!(check(&b, Some(format)), Ok(()), "format {format}");
                 assert_eq!(check(&b, None), Ok(()));
             }
@@ -405,7 +409,7 @@ mod tests {
 
     #[test]
     fn a_missing_program_bc_is_refused() {
-        let b = binary(9, b"", 2);
+        let b = sample(9, b"", 2);
         let e = check(&b, Some(9)).unwrap_err();
         assert!(e.to_string().contains("program.bc is missing"), "{e}");
     }
@@ -413,7 +417,7 @@ mod tests {
     #[test]
     fn every_cut_is_refused() {
         for format in [9, 11] {
-            let b = binary(format, b"BC\xc0\xde", 2);
+            let b = sample(format, b"BC\xc0\xde", 2);
             for n in MAGIC.len()..b.len() {
                 assert!(
                     check(&b[..n], Some(format)).is_err(),
@@ -428,7 +432,7 @@ mod tests {
     fn every_single_byte_change_is_refused_or_stays_in_bounds() {
         // Any byte may change; the checker must never read out of bounds
         // (it would panic) whatever the outcome.
-        let b = binary(11, b"BC\xc0\xde", 2);
+        let b = sample(11, b"BC\xc0\xde", 2);
         for i in 0..b.len() {
             for v in [0u8, 1, 0x7f, 0xff] {
                 let mut m = b.clone();
@@ -440,10 +444,10 @@ mod tests {
 
     #[test]
     fn another_format_than_the_platforms_is_refused() {
-        let b = binary(11, b"BC\xc0\xde", 1);
+        let b = sample(11, b"BC\xc0\xde", 1);
         assert!(check(&b, Some(9)).is_err());
         // Unknown to this module and no platform format: not checked.
-        let mut odd = binary(9, b"", 1);
+        let mut odd = sample(9, b"", 1);
         odd[16..20].copy_from_slice(&12u32.to_le_bytes());
         assert_eq!(check(&odd, None), Ok(()));
     }
@@ -461,11 +465,11 @@ mod tests {
             b.out.extend_from_slice(&root);
             assert!(check(&b.out, Some(9)).is_err(), "{bad:?}");
         }
-        let mut h = binary(9, b"BC", 0);
+        let mut h = sample(9, b"BC", 0);
         h[MAGIC.len() + 28] = b'.'; // in the build hash
         assert!(check(&h, Some(9)).is_err());
         let k = kernel_record(9, b"../x", &[]);
-        let mut b = binary(9, b"BC", 0);
+        let mut b = sample(9, b"BC", 0);
         b[MAGIC.len() + 12..MAGIC.len() + 16].copy_from_slice(&1u32.to_le_bytes());
         b.extend_from_slice(&k);
         assert!(check(&b, Some(9)).is_err());
