@@ -210,6 +210,31 @@ fn reused(r: &Response) -> u64 {
         .bytes
 }
 
+/// Waits until the process at `sock` has made its kernels (pingpong's two).
+fn wait_kernels(sock: &std::path::Path) {
+    let started = Instant::now();
+    while status(sock).objects.kernels < 2 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Suspends the process at `sock` and resumes it where it was: the bytes of
+/// kept executables its programs were made from.
+fn cycle(sock: &std::path::Path) -> u64 {
+    let t = Duration::from_secs(60);
+    let s = call(
+        sock,
+        &Request::Suspend {
+            deadline_ms: 20_000,
+        },
+        t,
+    )
+    .unwrap();
+    assert!(s.ok, "{:?}", s.error);
+    reused(&call(sock, &Request::RESUME, t).unwrap())
+}
+
 /// Every `program.bc` below `dir`, removed; how many.
 fn remove_program_bcs(dir: &std::path::Path) -> usize {
     let mut n = 0;
@@ -247,42 +272,19 @@ fn an_executable_pocl_could_not_read_back_is_not_kept() {
         .unwrap();
     let sock = socket_path(dir.path(), child.id());
     wait_socket(&sock);
-    let started = Instant::now();
-    while status(&sock).objects.kernels < 2 {
-        assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_kernels(&sock);
     assert!(
         remove_program_bcs(&cache) > 0,
         "PoCL kept no program.bc in {cache:?}"
     );
-    let t = Duration::from_secs(60);
-    let s = call(
-        &sock,
-        &Request::Suspend {
-            deadline_ms: 20_000,
-        },
-        t,
-    )
-    .unwrap();
-    assert!(s.ok, "{:?}", s.error);
     assert_eq!(
-        reused(&call(&sock, &Request::RESUME, t).unwrap()),
+        cycle(&sock),
         0,
         "resumed from an executable without its program.bc"
     );
     // Compiled again, its program.bc is back: the next cycle reuses the
     // executable kept then.
-    let s = call(
-        &sock,
-        &Request::Suspend {
-            deadline_ms: 20_000,
-        },
-        t,
-    )
-    .unwrap();
-    assert!(s.ok, "{:?}", s.error);
-    assert!(reused(&call(&sock, &Request::RESUME, t).unwrap()) > 0);
+    assert!(cycle(&sock) > 0);
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -303,26 +305,9 @@ fn programs_are_reused_on_the_same_device_and_compiled_on_another() {
     let child = start("pingpong", iters, dir.path());
     let sock = socket_path(dir.path(), child.id());
     wait_socket(&sock);
-    let started = Instant::now();
-    while status(&sock).objects.kernels < 2 {
-        assert!(started.elapsed() < Duration::from_secs(60), "no kernels");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_kernels(&sock);
     let t = Duration::from_secs(60);
-    // Suspend, then resume where it was: the resume's reused bytes.
-    let cycle = || {
-        let s = call(
-            &sock,
-            &Request::Suspend {
-                deadline_ms: 20_000,
-            },
-            t,
-        )
-        .unwrap();
-        assert!(s.ok, "{:?}", s.error);
-        reused(&call(&sock, &Request::RESUME, t).unwrap())
-    };
-    let same = cycle();
+    let same = cycle(&sock);
     assert!(
         same > 0,
         "resumed on the same device without the kept executable"
@@ -330,7 +315,7 @@ fn programs_are_reused_on_the_same_device_and_compiled_on_another() {
     // POCL_DEVICES="basic pthread": it started on `basic`.
     let other = reused(&call(&sock, &local_on("pthread"), t).unwrap());
     assert_eq!(other, 0, "another device took the first one's executable");
-    let there = cycle();
+    let there = cycle(&sock);
     assert!(there > 0, "the second device's own executable was not kept");
     let back = reused(&call(&sock, &local_on("basic"), t).unwrap());
     assert_eq!(back, same, "back on its first device");

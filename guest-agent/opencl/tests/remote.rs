@@ -222,6 +222,28 @@ fn hold_file(run_dir: &Path) -> PathBuf {
     run_dir.join("release")
 }
 
+/// `programs` under crane with `env`, held halfway (`TESTAPP_HOLD`, with
+/// program E's kernel alive): the process, its control socket and the file
+/// that releases it.
+fn held_programs(iters: &str, run_dir: &Path, env: (&str, &str)) -> (Child, PathBuf, PathBuf) {
+    let release = hold_file(run_dir);
+    let child = under_crane("programs", iters, run_dir)
+        .env("TESTAPP_HOLD", &release)
+        .env(env.0, env.1)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = socket_path(run_dir, child.id());
+    wait_socket(&sock);
+    let started = Instant::now();
+    while !run_dir.join("release.held").exists() {
+        assert!(started.elapsed() < Duration::from_secs(60), "not holding");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (child, sock, release)
+}
+
 /// A process started while its guest is remoting runs on the proxy from its
 /// first call, and can later come home.
 #[test]
@@ -284,21 +306,7 @@ fn programs_made_from_kept_binaries_compile_and_build_again() {
     let proxy = Proxy::start("compiled", false, &[("k", "t")]);
     let scratch = scratch("remote-compiled");
     let run_dir = scratch.path();
-    let release = hold_file(run_dir);
-    let child = under_crane("programs", iters, run_dir)
-        .env("TESTAPP_HOLD", &release)
-        .env("CRANE_DEBUG", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = socket_path(run_dir, child.id());
-    wait_socket(&sock);
-    let started = Instant::now();
-    while !run_dir.join("release.held").exists() {
-        assert!(started.elapsed() < Duration::from_secs(60), "not holding");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (child, sock, release) = held_programs(iters, run_dir, ("CRANE_DEBUG", "1"));
     let t = Duration::from_secs(120);
     let local = Request::Local {
         deadline_ms: 20_000,
@@ -357,21 +365,8 @@ fn a_kernel_released_during_a_move_leaves_its_program_free_to_build() {
     let proxy = Proxy::start("released-kernel", false, &[("k", "t")]);
     let scratch = scratch("remote-released-kernel");
     let run_dir = scratch.path();
-    let release = hold_file(run_dir);
-    let child = under_crane("programs", iters, run_dir)
-        .env("TESTAPP_HOLD", &release)
-        .env("CRANE_FAULT_SLOW_RELEASE_MS", "1500")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = socket_path(run_dir, child.id());
-    wait_socket(&sock);
-    let started = Instant::now();
-    while !run_dir.join("release.held").exists() {
-        assert!(started.elapsed() < Duration::from_secs(60), "not holding");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (child, sock, release) =
+        held_programs(iters, run_dir, ("CRANE_FAULT_SLOW_RELEASE_MS", "1500"));
     let t = Duration::from_secs(120);
     let (to, addr) = (sock.clone(), proxy.addr.clone());
     // The move answers once the old objects are released; the program is
