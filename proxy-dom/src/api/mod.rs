@@ -128,3 +128,32 @@ pub(crate) fn query(f: impl Fn(usize, *mut c_void, *mut usize) -> cl_int) -> Cal
 
 /// Bytes [`query`] offers beyond the reported size.
 const QUERY_SLACK: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A vendor that reports 10 bytes and writes 110 writes into the room
+    /// `query` offers beyond the size (not past the buffer), and the answer
+    /// is the 10 bytes it reported.
+    #[test]
+    fn a_vendor_writing_past_its_size_writes_into_the_room() {
+        let answer = query(|size, value, ret| {
+            if value.is_null() {
+                // SAFETY: the size query's out-parameter.
+                unsafe { *ret = 10 };
+                return CL_SUCCESS;
+            }
+            assert!(size >= 110, "offered {size} bytes");
+            // SAFETY: `value` holds `size` >= 110 bytes.
+            unsafe { std::ptr::write_bytes(value.cast::<u8>(), 7, 110) };
+            if !ret.is_null() {
+                // SAFETY: as above.
+                unsafe { *ret = 10 };
+            }
+            CL_SUCCESS
+        })
+        .unwrap();
+        assert_eq!(answer, vec![7u8; 10]);
+    }
+}
