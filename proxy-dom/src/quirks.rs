@@ -27,6 +27,14 @@
 //! what PoCL leaked, nothing more. Only session objects can be such images:
 //! the contexts the proxy keeps for itself (warm, stash, pinned staging)
 //! never have any, and are released as they are.
+//!
+//! PoCL aborts the process on a program binary it cannot read (it trusts
+//! every length and asserts; its own binaries can be such when another
+//! process rewrites its shared kernel cache as one is serialised). So a
+//! session's binaries for a PoCL platform are walked first
+//! (`crane_vendor_loader::pocl_binary`, in `api/program.rs`, with the
+//! format each PoCL platform reads, found at load by `crate::vendor`), and
+//! one that fails is answered `CL_INVALID_BINARY` without PoCL seeing it.
 
 use std::collections::HashMap;
 
