@@ -7,6 +7,7 @@ use crane_wire::{Answer, Id};
 use opencl_sys::*;
 
 use super::{c_string, check, made, or_null, query, raw};
+use crate::ratelimit::limited;
 use crate::session::objects::{Detail, Kind};
 use crate::session::{CallError, CallResult, Session};
 use crate::vendor::{VPtr, vfn};
@@ -133,7 +134,11 @@ impl Session {
                 if let Some(format) = pocl
                     && let Err(flaw) = crane_vendor_loader::pocl_binary::check(bin, Some(format))
                 {
-                    log::warn!("session {}: binary {i} of program {id}: {flaw}", s.id);
+                    limited!(
+                        log::Level::Warn,
+                        "session {}: binary {i} of program {id}: {flaw}",
+                        s.id
+                    );
                     per_binary[i] = CL_INVALID_BINARY;
                     flawed = true;
                 }
