@@ -297,6 +297,14 @@ struct Setup {
     lib: PathBuf,
     proxy_bin: PathBuf,
     interval: (u64, u64),
+    /// PoCL's kernel caches, one folder per mode (`POCL_CACHE_DIR`): the
+    /// modes of a suite run at once, and PoCL's cache is not safe between
+    /// processes building the same source at once (a build that finds no
+    /// `program.bc` removes the one another process just wrote before
+    /// renaming its own into place; a process reading meanwhile finds none:
+    /// a link failed so in CI, natively possible too). A mode's processes
+    /// and its crane-proxy share one; no two modes do.
+    pocl_cache: PathBuf,
 }
 
 /// A crane-proxy for one run, on a unix socket in the run's scratch folder.
@@ -308,23 +316,38 @@ pub(crate) struct Proxy {
 }
 
 impl Proxy {
-    /// A crane-proxy on a unix socket in `dir`.
-    fn start(bin: &Path, dir: &Path) -> Result<Proxy> {
-        Proxy::start_at(
+    /// A crane-proxy on a unix socket in `dir`, with PoCL's kernel cache in
+    /// `pocl_cache`.
+    fn start(bin: &Path, dir: &Path, pocl_cache: &Path) -> Result<Proxy> {
+        Proxy::start_with(
             bin,
             dir,
             format!("unix:{}", dir.join("proxy.sock").display()),
+            Some(pocl_cache),
         )
     }
 
     /// A crane-proxy listening at `addr` (`unix:PATH` or `tcp://HOST:PORT`),
     /// its token file and logs in `dir`.
     pub(crate) fn start_at(bin: &Path, dir: &Path, addr: String) -> Result<Proxy> {
+        Proxy::start_with(bin, dir, addr, None)
+    }
+
+    fn start_with(
+        bin: &Path,
+        dir: &Path,
+        addr: String,
+        pocl_cache: Option<&Path>,
+    ) -> Result<Proxy> {
         let token = format!("cts-{}-{}", std::process::id(), seed());
         let tokens = dir.join("tokens");
         std::fs::write(&tokens, format!("{token}\n"))?;
         let log = dir.join("proxy.log");
-        let child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if let Some(c) = pocl_cache {
+            cmd.env("POCL_CACHE_DIR", c);
+        }
+        let child = cmd
             .args(["--listen", &addr, "--token-file"])
             .arg(&tokens)
             .stdin(Stdio::null())
@@ -624,12 +647,14 @@ fn run_once(
         .process_group(0);
     let run_dir = scratch.join("run");
     std::fs::create_dir_all(&run_dir)?;
+    let pocl_cache = setup.pocl_cache.join(mode.name());
     let proxy = if mode.needs_proxy() {
-        Some(Proxy::start(&setup.proxy_bin, scratch)?)
+        Some(Proxy::start(&setup.proxy_bin, scratch, &pocl_cache)?)
     } else {
         None
     };
     if mode != Mode::Native {
+        cmd.env("POCL_CACHE_DIR", &pocl_cache);
         cmd.env("LD_PRELOAD", &setup.lib)
             .env("CRANE_RUN_DIR", &run_dir)
             .env_remove("CRANE_MODE");
@@ -961,11 +986,13 @@ pub fn main(
         }
         (l, p) => (l.clone().unwrap_or_default(), p.clone().unwrap_or_default()),
     };
+    let scratch = tempfile::Builder::new().prefix("crane-cts-").tempdir()?;
     let setup = Setup {
         cts: cts.clone(),
         lib: lib.canonicalize().unwrap_or(lib),
         proxy_bin: proxy_bin.canonicalize().unwrap_or(proxy_bin),
         interval,
+        pocl_cache: scratch.path().join("pocl-cache"),
     };
 
     // The selection: SUITE arguments, the CI subset, or every suite.
@@ -996,7 +1023,6 @@ pub fn main(
         .logs
         .clone()
         .unwrap_or_else(|| root.join("target/conformance/logs"));
-    let scratch = tempfile::Builder::new().prefix("crane-cts-").tempdir()?;
     let mut report = Report {
         date: date(),
         machine: machine(),
