@@ -274,32 +274,39 @@ impl Vendor {
         // Enumerating the devices here, under the lock, also completes the
         // vendor's initialisation before any session runs.
         v.smallest_global_mem = v.query_smallest_global_mem();
-        v.leaky = v.query_leaky();
-        v.pocl_formats = v.query_pocl_formats();
+        v.query_quirks();
         v
     }
 
-    /// The PoCL platforms whose binaries sessions' binaries are checked
-    /// against before PoCL reads them (`crate::quirks`).
-    fn query_pocl_formats(&self) -> Vec<(usize, u32)> {
-        let mut formats = Vec::new();
+    /// The platforms with a quirk crane-proxy works around (`crate::quirks`):
+    /// one `CL_PLATFORM_VERSION` query per platform, here at load, and
+    /// nothing asked of a vendor at run time unless it has the quirk. Those
+    /// that leak a context reference per destroyed 1D image buffer, and the
+    /// PoCL ones whose binaries are checked before PoCL reads them, with the
+    /// format each reads.
+    fn query_quirks(&mut self) {
         for lib in &self.libraries {
             for &p in &lib.platforms {
                 let Some(version) = platform_version(p) else {
                     continue;
                 };
-                let Some(format) = crane_vendor_loader::pocl_binary::format_of_platform(&version)
-                else {
-                    continue;
-                };
-                // SAFETY: a platform of a loaded vendor library.
-                let table = unsafe { dispatch(p.get()) } as *const _cl_icd_dispatch as usize;
-                if !formats.iter().any(|&(t, _)| t == table) {
-                    formats.push((table, format));
+                let table = table_of(p);
+                if crane_vendor_loader::quirks::leaks_image1d_buffer_context(&version)
+                    && !self.leaky.contains(&table)
+                {
+                    log::info!(
+                        "vendor {} ({version}) leaks a context reference per 1D image buffer; sessions give them back",
+                        lib.path.display()
+                    );
+                    self.leaky.push(table);
+                }
+                if let Some(format) = crane_vendor_loader::pocl_binary::format_of_platform(&version)
+                    && !self.pocl_formats.iter().any(|&(t, _)| t == table)
+                {
+                    self.pocl_formats.push((table, format));
                 }
             }
         }
-        formats
     }
 
     /// The PoCL binary format the vendor of object `v` reads, if it is a
@@ -308,40 +315,11 @@ impl Vendor {
         if self.pocl_formats.is_empty() {
             return None;
         }
-        // SAFETY: as in `leaks_image1d_buffer_context`.
-        let table = unsafe { dispatch(v.get()) } as *const _cl_icd_dispatch as usize;
+        let table = table_of(v);
         self.pocl_formats
             .iter()
             .find(|&&(t, _)| t == table)
             .map(|&(_, f)| f)
-    }
-
-    /// The dispatch tables of the platforms that leak a context reference
-    /// per destroyed 1D image buffer: one `CL_PLATFORM_VERSION` query per
-    /// platform, here at load, and nothing asked of a vendor at run time
-    /// unless it has the leak.
-    fn query_leaky(&self) -> Vec<usize> {
-        let mut leaky = Vec::new();
-        for lib in &self.libraries {
-            for &p in &lib.platforms {
-                let Some(version) = platform_version(p) else {
-                    continue;
-                };
-                if !crane_vendor_loader::quirks::leaks_image1d_buffer_context(&version) {
-                    continue;
-                }
-                log::info!(
-                    "vendor {} ({version}) leaks a context reference per 1D image buffer; sessions give them back",
-                    lib.path.display()
-                );
-                // SAFETY: a platform of a loaded vendor library.
-                let table = unsafe { dispatch(p.get()) } as *const _cl_icd_dispatch as usize;
-                if !leaky.contains(&table) {
-                    leaky.push(table);
-                }
-            }
-        }
-        leaky
     }
 
     /// Whether the vendor of object `v` leaks a context reference per
@@ -350,11 +328,7 @@ impl Vendor {
         if self.leaky.is_empty() {
             return false;
         }
-        // SAFETY: callers pass live objects of a loaded vendor library. An
-        // ICD vendor gives all its objects one dispatch table (PoCL does), so
-        // an object's table is its platform's.
-        let table = unsafe { dispatch(v.get()) } as *const _cl_icd_dispatch as usize;
-        self.leaky.contains(&table)
+        self.leaky.contains(&table_of(v))
     }
 
     /// All platforms of all libraries.
@@ -412,6 +386,15 @@ impl Vendor {
         }
         smallest
     }
+}
+
+/// The dispatch table (by address) of live object `v` of a loaded vendor
+/// library. An ICD vendor gives all its objects one dispatch table (PoCL
+/// does), so an object's table is its platform's.
+fn table_of(v: VPtr) -> usize {
+    // SAFETY: callers pass live objects (or platforms) of a loaded vendor
+    // library.
+    (unsafe { dispatch(v.get()) }) as *const _cl_icd_dispatch as usize
 }
 
 /// A platform's `CL_PLATFORM_VERSION`.
